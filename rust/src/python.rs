@@ -1,0 +1,284 @@
+//! The `llmgw._core` extension module: thin bindings over `stream` and `router`.
+//!
+//! `StreamTap` and `Router` are mutated from one Python thread per request, so
+//! they are plain pyclasses taking `&mut self`; the borrow check is one flag.
+
+use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::request;
+use crate::router;
+use crate::stream::{self, Rename};
+
+/// Turns an optional (from, to) pair into a rename; one without the other is a mistake.
+fn rename_pair<'a>(
+    from: Option<&'a str>,
+    to: Option<&'a str>,
+) -> PyResult<Option<(&'a str, &'a str)>> {
+    match (from, to) {
+        (Some(f), Some(t)) => Ok(Some((f, t))),
+        (None, None) => Ok(None),
+        _ => Err(PyValueError::new_err(
+            "rename_from and rename_to go together",
+        )),
+    }
+}
+
+/// Builds the bytes an `Out` describes, or returns the fed object itself.
+fn emit<'py>(
+    py: Python<'py>,
+    data: Option<&Bound<'py, PyBytes>>,
+    out: &stream::Out<'_>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    match data {
+        Some(d) if out.is_whole() => Ok(d.clone()),
+        _ => PyBytes::new_with(py, out.len(), |dst| {
+            out.write_to(dst);
+            Ok(())
+        }),
+    }
+}
+
+/// Relays one upstream SSE body to the client and extracts what it reports.
+#[pyclass(module = "llmgw._core", name = "StreamTap")]
+pub struct StreamTap {
+    tap: stream::Tap,
+}
+
+#[pymethods]
+impl StreamTap {
+    #[new]
+    #[pyo3(signature = (strip_usage = false, rename_from = None, rename_to = None))]
+    fn new(
+        strip_usage: bool,
+        rename_from: Option<&str>,
+        rename_to: Option<&str>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            tap: stream::Tap::new(strip_usage, rename_pair(rename_from, rename_to)?),
+        })
+    }
+
+    /// Consumes one upstream chunk; returns the bytes to send now (maybe empty).
+    fn feed<'py>(&mut self, data: &Bound<'py, PyBytes>) -> PyResult<Bound<'py, PyBytes>> {
+        self.tap
+            .feed(data.as_bytes(), |out| emit(data.py(), Some(data), &out))
+    }
+
+    /// Returns what is left buffered (an incomplete last event) at end of body.
+    fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.tap.finish(|out| emit(py, None, &out))
+    }
+
+    #[getter]
+    fn chunks(&self) -> u64 {
+        self.tap.summary().chunks
+    }
+
+    #[getter]
+    fn content_chunks(&self) -> u64 {
+        self.tap.summary().content_chunks
+    }
+
+    #[getter]
+    fn has_token(&self) -> bool {
+        self.tap.summary().has_token()
+    }
+
+    #[getter]
+    fn done(&self) -> bool {
+        self.tap.summary().done
+    }
+
+    #[getter]
+    fn finish_reason(&self) -> Option<&str> {
+        self.tap.summary().finish_reason.as_deref()
+    }
+
+    #[getter]
+    fn prompt_tokens(&self) -> Option<u64> {
+        self.tap.summary().usage.prompt_tokens
+    }
+
+    #[getter]
+    fn completion_tokens(&self) -> Option<u64> {
+        self.tap.summary().usage.completion_tokens
+    }
+
+    #[getter]
+    fn total_tokens(&self) -> Option<u64> {
+        self.tap.summary().usage.total_tokens
+    }
+
+    #[getter]
+    fn error(&self) -> Option<&str> {
+        self.tap.summary().error.as_deref()
+    }
+}
+
+/// What a non-streamed `OpenAI` answer reported.
+#[pyclass(module = "llmgw._core", name = "JsonSummary", frozen)]
+pub struct JsonSummary {
+    body: Py<PyBytes>,
+    answer: stream::Answer,
+}
+
+#[pymethods]
+impl JsonSummary {
+    #[getter]
+    fn body(&self, py: Python<'_>) -> Py<PyBytes> {
+        self.body.clone_ref(py)
+    }
+
+    #[getter]
+    fn finish_reason(&self) -> Option<&str> {
+        self.answer.finish_reason.as_deref()
+    }
+
+    #[getter]
+    fn prompt_tokens(&self) -> Option<u64> {
+        self.answer.usage.prompt_tokens
+    }
+
+    #[getter]
+    fn completion_tokens(&self) -> Option<u64> {
+        self.answer.usage.completion_tokens
+    }
+
+    #[getter]
+    fn total_tokens(&self) -> Option<u64> {
+        self.answer.usage.total_tokens
+    }
+
+    #[getter]
+    fn error(&self) -> Option<&str> {
+        self.answer.error.as_deref()
+    }
+}
+
+/// Extracts usage, finish reason and error from a whole JSON answer.
+#[pyfunction]
+#[pyo3(signature = (body, rename_from = None, rename_to = None))]
+fn inspect_json(
+    body: &Bound<'_, PyBytes>,
+    rename_from: Option<&str>,
+    rename_to: Option<&str>,
+) -> PyResult<JsonSummary> {
+    let rename = rename_pair(rename_from, rename_to)?
+        .filter(|(f, t)| f != t)
+        .map(|(f, t)| Rename::new(f, t));
+    let bytes = body.as_bytes();
+    let answer = stream::inspect(bytes, rename.as_ref());
+    let body = match (&answer.rename, &rename) {
+        (Some(r), Some(rename)) => {
+            let spliced = stream::splice(bytes, r, rename.to_json());
+            PyBytes::new(body.py(), &spliced).unbind()
+        }
+        _ => body.clone().unbind(),
+    };
+    Ok(JsonSummary { body, answer })
+}
+
+/// Sets the request's `model` and `stream_options.include_usage` by splicing;
+/// returns the same object when the body already says so.
+#[pyfunction]
+#[pyo3(signature = (body, model, include_usage))]
+fn patch_request<'py>(
+    body: &Bound<'py, PyBytes>,
+    model: Option<&str>,
+    include_usage: bool,
+) -> PyResult<Bound<'py, PyBytes>> {
+    match request::patch_request(body.as_bytes(), model, include_usage) {
+        Ok(None) => Ok(body.clone()),
+        Ok(Some(patched)) => Ok(PyBytes::new(body.py(), &patched)),
+        Err(e) => Err(PyValueError::new_err(e.to_string())),
+    }
+}
+
+/// The replica table of one gateway worker and the balancing policy.
+///
+/// Bad indexes raise `IndexError` except in `release`, which ignores them.
+#[pyclass(module = "llmgw._core", name = "Router")]
+pub struct Router {
+    inner: router::Router,
+}
+
+/// Converts a Python index, raising `IndexError` when it is out of range.
+fn index(r: &router::Router, i: i64) -> PyResult<usize> {
+    usize::try_from(i)
+        .ok()
+        .filter(|&i| i < r.replicas().len())
+        .ok_or_else(|| PyIndexError::new_err("replica index out of range"))
+}
+
+#[pymethods]
+impl Router {
+    #[new]
+    fn new() -> Self {
+        Self {
+            inner: router::Router::new(),
+        }
+    }
+
+    /// Replaces the table with (replica id, served model names) pairs.
+    fn set_replicas(&mut self, replicas: Vec<(String, Vec<String>)>) {
+        self.inner.set_replicas(replicas);
+    }
+
+    /// Least outstanding requests among healthy replicas serving `model`.
+    #[pyo3(signature = (model, exclude = None))]
+    fn pick(&mut self, model: &str, exclude: Option<Vec<i64>>) -> Option<usize> {
+        let exclude: Vec<usize> = exclude
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| usize::try_from(i).ok())
+            .collect();
+        self.inner.pick(model, &exclude).map(|d| d.index)
+    }
+
+    /// Ends one outstanding request on a replica.
+    fn release(&mut self, index: i64) {
+        if let Ok(i) = usize::try_from(index) {
+            self.inner.release(i);
+        }
+    }
+
+    fn set_healthy(&mut self, index: i64, healthy: bool) -> PyResult<()> {
+        let i = self::index(&self.inner, index)?;
+        self.inner.set_healthy(i, healthy);
+        Ok(())
+    }
+
+    fn is_healthy(&self, index: i64) -> PyResult<bool> {
+        let i = self::index(&self.inner, index)?;
+        Ok(self.inner.replica(i).is_some_and(|r| r.healthy))
+    }
+
+    fn outstanding(&self, index: i64) -> PyResult<u64> {
+        let i = self::index(&self.inner, index)?;
+        Ok(self.inner.replica(i).map_or(0, |r| r.outstanding))
+    }
+
+    /// True when any replica (healthy or not) serves `model`.
+    fn has_model(&self, model: &str) -> bool {
+        self.inner.has_model(model)
+    }
+
+    fn healthy_count(&self) -> usize {
+        self.inner.healthy_count()
+    }
+}
+
+/// The `llmgw._core` module.
+#[pymodule]
+#[pyo3(name = "_core")]
+fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<StreamTap>()?;
+    m.add_class::<JsonSummary>()?;
+    m.add_class::<Router>()?;
+    m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
+    m.add_function(wrap_pyfunction!(patch_request, m)?)?;
+    Ok(())
+}
