@@ -1,0 +1,36 @@
+"""What every granian-served llmgw process shares: the ready line printed once the port accepts."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+
+
+def announce_when_listening(host: str, port: int, line: str, timeout: float = 60) -> None:
+    """Prints `line` from a helper thread once (host, port) accepts a connection.
+
+    Call it from granian's `on_startup` hook. On Linux granian's main process only
+    test-binds the port; each worker binds its own (SO_REUSEPORT), so the port
+    refuses connections until a worker is up. Tests and `llmgw up` wait for this
+    line, so it must not come before the port really answers.
+    """
+    probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    data = (line.rstrip("\n") + "\n").encode()
+
+    def probe() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection((probe_host, port), timeout=1).close()
+            except OSError:
+                time.sleep(0.02)
+                continue
+            # os.write, not print: granian forks workers while this thread runs, and a
+            # child must never inherit a held sys.stdout lock.
+            os.write(sys.stdout.fileno(), data)
+            return
+
+    threading.Thread(target=probe, name="llmgw-ready", daemon=True).start()

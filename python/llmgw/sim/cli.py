@@ -1,0 +1,95 @@
+"""`llmgw engine sim`: command-line options and the granian launcher."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from llmgw.serving import announce_when_listening
+from llmgw.sim.config import ENV_VAR, SimConfig, to_env
+
+READY_PREFIX = "llmgw-sim listening on"
+_D = SimConfig()  # defaults live in SimConfig only
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the simulator's options to `parser`."""
+    add = parser.add_argument
+    add("--host", default=_D.host, help=f"address to bind (default {_D.host})")
+    add("--port", type=int, default=_D.port, help=f"TCP port to bind (default {_D.port})")
+    add("--model", dest="models", action="append", metavar="NAME",
+        help=f"served model name; repeat for several (default {_D.models[0]!r})")  # fmt: skip
+    add("--seed", type=int, default=_D.seed, help="seed of the generated text (default 0)")
+    add("--ttft-ms", type=float, default=_D.ttft_ms,
+        help="base time to first token in ms (default 0)")  # fmt: skip
+    add("--itl-ms", type=float, default=_D.itl_ms, help="inter-token latency in ms (default 0)")
+    add("--prefill-us-per-token", type=float, default=_D.prefill_us_per_token,
+        help="added to TTFT per prompt token not found in the prefix cache, in µs (default 0)")  # fmt: skip
+    add("--output-tokens", type=int, default=_D.output_tokens,
+        help=f"tokens generated when max_tokens is larger or absent (default {_D.output_tokens})")  # fmt: skip
+    add("--block-size", type=int, default=_D.block_size,
+        help=f"prefix-cache block size in tokens (default {_D.block_size})")  # fmt: skip
+    add("--cache-blocks", type=int, default=_D.cache_blocks,
+        help=f"prefix-cache capacity in blocks, LRU (default {_D.cache_blocks})")  # fmt: skip
+    add("--max-num-seqs", type=int, default=_D.max_num_seqs,
+        help=f"requests running at once; more wait (default {_D.max_num_seqs})")  # fmt: skip
+    add("--embedding-dim", type=int, default=_D.embedding_dim,
+        help=f"length of embedding vectors (default {_D.embedding_dim})")  # fmt: skip
+    add("--workers", type=int, default=_D.workers,
+        help="granian worker processes; each has its own cache and metrics (default 1)")  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """Build and validate a SimConfig from parsed options."""
+    config = SimConfig(
+        host=args.host,
+        port=args.port,
+        models=tuple(args.models) if args.models else _D.models,
+        seed=args.seed,
+        ttft_ms=args.ttft_ms,
+        itl_ms=args.itl_ms,
+        prefill_us_per_token=args.prefill_us_per_token,
+        output_tokens=args.output_tokens,
+        block_size=args.block_size,
+        cache_blocks=args.cache_blocks,
+        max_num_seqs=args.max_num_seqs,
+        embedding_dim=args.embedding_dim,
+        workers=args.workers,
+    )
+    config.validate()
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve the simulator with granian until interrupted; returns an exit status."""
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"llmgw engine sim: {exc}", file=sys.stderr)
+        return 2
+    # Workers are separate processes: the config travels in the environment.
+    os.environ[ENV_VAR] = to_env(config)
+    from granian import Granian  # imported late: `--help` should not pay for it
+    from granian.constants import Interfaces, Loops
+    from granian.log import LogLevels
+
+    server = Granian(
+        "llmgw.sim.app:create_app",
+        interface=Interfaces.RSGI,
+        factory=True,
+        loop=Loops.uvloop,
+        workers=config.workers,
+        address=config.host,
+        port=config.port,
+        log_access=False,
+        log_level=LogLevels.warning,  # keep stdout to our one ready line
+    )
+
+    # granian binds on Linux inside each worker (SO_REUSEPORT), so the port refuses
+    # connections until a worker is up: announce only once a connect succeeds.
+    shown = f"[{config.host}]" if ":" in config.host else config.host
+    line = f"{READY_PREFIX} http://{shown}:{config.port} (SIMULATED engine, no GPU)"
+    server.on_startup(lambda: announce_when_listening(config.host, config.port, line))
+    server.serve()
+    return 0

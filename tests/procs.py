@@ -1,0 +1,138 @@
+"""Start real server processes for tests and always clean them up.
+
+`start_process` runs a command in its own session (process group), waits
+until a line of its merged stdout/stderr contains `ready_line`, and returns a
+`Proc`. Leaving the `with` block (or calling `kill()`) stops the whole group,
+so server workers forked by the child (granian) go too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from types import TracebackType
+from typing import Self
+
+_URL = re.compile(r"https?://(\[[^\]]+\]|[^\s:/]+):(\d+)")
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A started process; `.port` and `.url` come from its ready line (or its --port)."""
+
+    def __init__(self, popen: subprocess.Popen[str], args: list[str]) -> None:
+        self.popen = popen
+        self.args = args
+        self.lines: list[str] = []
+        self.port = 0
+        self.url = ""
+        self._ready = threading.Event()
+        self._ready_line = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:  # drains the pipe so the child never blocks on it
+            self.lines.append(line.rstrip("\n"))
+            if self._ready_line and self._ready_line in line and not self._ready.is_set():
+                m = _URL.search(line)
+                if m:
+                    self.port = int(m.group(2))
+                    self.url = f"http://{m.group(1)}:{self.port}"
+                self._ready.set()
+        self._ready.set()  # EOF: wake the waiter so it sees the exit
+
+    @property
+    def output(self) -> str:
+        """Everything the process printed so far."""
+        return "\n".join(self.lines)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.popen.pid, sig)  # the group id is the child's pid (own session)
+        except ProcessLookupError:
+            pass
+
+    def terminate(self, timeout: float = 10) -> int:
+        """SIGTERM the process group, wait, and SIGKILL it if it lingers."""
+        if self.popen.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.kill()
+
+    def kill(self) -> int:
+        """SIGKILL the whole process group and reap the child; returns its exit status."""
+        self._signal(signal.SIGKILL)
+        rc = self.popen.wait()
+        self._reader.join(5)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+        return rc
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.terminate()
+
+
+def start_process(
+    args: list[str],
+    ready_line: str,
+    timeout: float = 20,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+) -> Proc:
+    """Start `args` and wait until it prints a line containing `ready_line`.
+
+    `.port`/`.url` come from the first URL in the ready line, else from `port`,
+    else from a `--port N` argument.
+    """
+    popen = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        bufsize=1,
+        env=env,
+        start_new_session=True,
+    )
+    proc = Proc(popen, args)
+    proc._ready_line = ready_line
+    if port is None and "--port" in args:
+        port = int(args[args.index("--port") + 1])
+    if port is not None:
+        proc.port = port
+        proc.url = f"http://127.0.0.1:{port}"
+    proc._reader.start()
+    deadline = time.monotonic() + timeout
+    while not proc._ready.wait(0.05):
+        if time.monotonic() > deadline:
+            break
+    if popen.poll() is not None or not any(ready_line in line for line in proc.lines):
+        proc.kill()
+        raise RuntimeError(
+            f"{args!r} did not print {ready_line!r} within {timeout}s "
+            f"(exit {popen.returncode}); output:\n{proc.output}"
+        )
+    return proc
