@@ -1,0 +1,39 @@
+# One entry point for every check. CI (.ci/run) calls `make test` and nothing else.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: help install lint test test-rust test-python bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml Cargo.toml rust/Cargo.toml $(shell find rust/src -name '*.rs' 2>/dev/null)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed ## make .venv with llmgw (Rust core built in release) and the test tools
+
+lint: install ## ruff, mypy --strict, clippy
+	$(VENV)/bin/pip install --quiet ruff==0.17.6 mypy==2.4.1 types-PyYAML==6.0.12.20261122
+	$(VENV)/bin/ruff check python tests bench
+	$(VENV)/bin/mypy python/llmgw
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --features python -- -D warnings
+
+test-rust: ## cargo test (the Rust core, without Python)
+	cargo test --locked
+
+test-python: install ## pytest: unit, property and end-to-end tests with real processes
+	$(VENV)/bin/pytest
+
+test: test-rust test-python ## the whole test suite
+
+bench: install ## the load-test harness (see bench/README.md)
+	$(PY) -m bench --help
+
+clean: ## remove build output
+	rm -rf target $(VENV) python/llmgw/*.so

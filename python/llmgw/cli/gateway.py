@@ -1,0 +1,108 @@
+"""`llmgw gateway`: the OpenAI gateway in router-only mode, served by granian over RSGI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import msgspec
+
+from llmgw.config import (
+    ConfigError,
+    GatewayConfig,
+    ServerFile,
+    encode_gateway,
+    parse_endpoint,
+    read_server_yaml,
+)
+from llmgw.serving import announce_when_listening
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Adds the gateway's options."""
+    parser.add_argument("--config", metavar="PATH", help="server.yaml to read (its `gateway:` section)")
+    parser.add_argument("--endpoint", metavar="ID=URL=MODEL[,MODEL]", action="append", default=[],
+                        help="a replica to route to (repeatable); added to those of --config")
+    parser.add_argument("--alias", metavar="NAME=MODEL", action="append", default=[],
+                        help="serve MODEL under the name NAME too (repeatable)")
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default 8080)")
+    parser.add_argument("--workers", type=int, help="granian worker processes (default 1)")
+    parser.add_argument("--usage-log", metavar="PATH", help="append a JSON line per finished request to PATH")
+
+
+def build_config(args: argparse.Namespace) -> GatewayConfig:
+    """The configuration from --config and the flags that override it."""
+    # Flags are merged into the file's raw values and the result validated once,
+    # so that an alias in the file may point at a model only a flag's endpoint serves.
+    raw = (read_server_yaml(args.config).get("gateway") or {}) if args.config else {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"configuration file {args.config}: `gateway` must be a mapping")
+    raw.setdefault("endpoints", [])
+    raw.setdefault("aliases", {})
+    raw["endpoints"] += [msgspec.to_builtins(parse_endpoint(s)) for s in args.endpoint]
+    for spec in args.alias:
+        name, sep, target = spec.partition("=")
+        if not sep or not name or not target:
+            raise ConfigError(f"--alias {spec!r} is not NAME=MODEL; example: --alias gpt-4o=llama-3-70b")
+        raw["aliases"][name] = target
+    for key in ("host", "port", "workers", "usage_log"):
+        value = getattr(args, key)
+        if value is not None:
+            raw[key] = value
+    where = f"configuration file {args.config}" if args.config else "gateway configuration"
+    try:
+        return msgspec.convert({"gateway": raw}, ServerFile, strict=True).gateway
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{where} is invalid: {e}") from e
+
+
+def serve(cfg: GatewayConfig) -> None:
+    """Runs granian with the gateway app until it is told to stop."""
+    from granian import Granian
+    from granian.constants import Interfaces, Loops
+    from granian.log import LogLevels
+
+    from llmgw.gateway.app import CONFIG_ENV
+
+    os.environ[CONFIG_ENV] = encode_gateway(cfg).decode()
+    if cfg.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # Set before the workers fork and before prometheus_client is imported
+        # anywhere, so every worker writes its samples where a scrape reads them.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="llmgw-metrics-")
+    server = Granian(
+        "llmgw.gateway.app:create_app",
+        factory=True,
+        address=cfg.host,
+        port=cfg.port,
+        interface=Interfaces.RSGI,
+        workers=cfg.workers,
+        loop=Loops.uvloop,
+        log_access=False,
+        log_level=LogLevels.warning,
+        backlog=2048,
+    )
+    line = (f"llmgw gateway listening on http://{cfg.host}:{cfg.port} "
+            f"({len(cfg.endpoints)} replicas, {cfg.workers} worker{'s' if cfg.workers > 1 else ''})")
+    server.on_startup(lambda: announce_when_listening(cfg.host, cfg.port, line))
+
+    server.serve()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validates the configuration and serves."""
+    try:
+        cfg = build_config(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not cfg.endpoints:
+        print("error: no replica to route to; give --endpoint ID=URL=MODEL or a --config "
+              "with gateway.endpoints\nhint: `llmgw up` runs a gateway in front of a local simulator",
+              file=sys.stderr)
+        return 2
+    serve(cfg)
+    return 0
+

@@ -1,0 +1,57 @@
+"""Entry point of the `llmgw` command.
+
+The command tree is the table below; each leaf names a module with
+`configure(parser)` and `run(args) -> int`, imported only when that command runs
+so that `llmgw --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# (command path, one-line help, module). A path with a parent needs the parent's
+# row first; a row whose module is None is a group of subcommands.
+COMMANDS: list[tuple[tuple[str, ...], str, str | None]] = [
+    (("up",), "run a whole llmgw on this machine: a local engine and the gateway at :8080", "llmgw.cli.up"),
+    (("gateway",), "serve the OpenAI API in front of engine replicas (router-only mode)", "llmgw.cli.gateway"),
+    (("engine",), "engine commands", None),
+    (("engine", "sim"), "run the engine simulator: vLLM's OpenAI surface with no GPU", "llmgw.sim.cli"),
+    (("version",), "print the version of llmgw and of its Rust core", "llmgw.cli.version"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree built from COMMANDS."""
+    top = argparse.ArgumentParser(prog="llmgw", description="llmgw: an OpenAI-compatible LLM gateway and GPU-cluster control plane.")
+    groups: dict[tuple[str, ...], argparse._SubParsersAction[argparse.ArgumentParser]] = {
+        (): top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    }
+    argv = sys.argv[1:]
+    for path, text, module in COMMANDS:
+        parent = groups[path[:-1]]
+        p = parent.add_parser(path[-1], help=text, description=text[0].upper() + text[1:] + ".")
+        if module is None:
+            groups[path] = p.add_subparsers(dest="_".join(path), metavar="COMMAND", required=True)
+            continue
+        # Only the chosen command's module is imported (it adds its options).
+        if list(path) == argv[: len(path)]:
+            importlib.import_module(module).configure(p)
+        p.set_defaults(_module=module)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit status."""
+    if argv is not None:
+        sys.argv[1:] = list(argv)
+    args = build_parser().parse_args()
+    mod = importlib.import_module(args._module)
+    code: int = mod.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

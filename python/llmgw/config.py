@@ -1,0 +1,162 @@
+"""Configuration: `server.yaml` as msgspec Structs, with every default in one place.
+
+Validation happens once, at load, and a bad field is reported with its path
+(`$.gateway.endpoints[0].url`) so the operator can find it without guessing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import msgspec
+import yaml
+
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class ConfigError(Exception):
+    """A configuration the gateway cannot run with; the message is for the operator."""
+
+
+class Endpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One engine replica: an OpenAI-compatible HTTP server and the models it serves."""
+
+    id: str
+    url: str
+    models: list[str]
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(
+                f"endpoint {self.id!r} has url {self.url!r}; expected http://HOST:PORT"
+            )
+        if not self.models:
+            raise ValueError(f"endpoint {self.id!r} serves no model; give at least one")
+
+    @property
+    def host(self) -> str:
+        """The host part of the URL."""
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        """The port part of the URL (80 when absent)."""
+        return urlsplit(self.url).port or 80
+
+
+class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Per-phase deadlines of one upstream request, in seconds."""
+
+    connect: Seconds = 2.0
+    """Opening a TCP connection to a replica."""
+    first_byte: Seconds = 60.0
+    """From sending the request to the upstream's response headers (covers queueing and prefill)."""
+    idle: Seconds = 30.0
+    """Longest silence between two body chunks of an answer."""
+    total: Seconds = 600.0
+    """The whole request, retries included."""
+
+
+class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Active probes and passive ejection of replicas."""
+
+    probe_interval: Seconds = 5.0
+    probe_timeout: Seconds = 2.0
+    eject_base: Seconds = 1.0
+    """First ejection after a connect error or 5xx; doubles with each further ejection."""
+    eject_max: Seconds = 60.0
+
+
+class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Everything `llmgw gateway` needs; crosses into the workers as one JSON value."""
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
+    workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
+    max_body_bytes: Annotated[int, msgspec.Meta(gt=0)] = 16 * 1024 * 1024
+    max_response_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 * 1024 * 1024
+    """Largest non-streamed upstream answer read before giving up with 502."""
+    retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 1
+    """Further replicas tried when one fails before the first byte reached the client."""
+    retry_after_seconds: Annotated[int, msgspec.Meta(ge=1)] = 1
+    endpoints: list[Endpoint] = msgspec.field(default_factory=list)
+    aliases: dict[str, str] = msgspec.field(default_factory=dict)
+    """Client-visible model name -> the name the replicas serve."""
+    timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
+    health: Health = msgspec.field(default_factory=Health)
+    usage_log: str | None = None
+    """Append one JSON line per finished request to this file (batched, off the request path)."""
+
+    def __post_init__(self) -> None:
+        ids = [e.id for e in self.endpoints]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"endpoint ids must be unique; repeated: {', '.join(sorted(dup))}")
+        served = {m for e in self.endpoints for m in e.models}
+        for alias, target in self.aliases.items():
+            if target not in served:
+                raise ValueError(
+                    f"alias {alias!r} points to {target!r}, which no endpoint serves"
+                )
+
+
+class ServerFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The whole `server.yaml`; later issues add their sections beside `gateway`."""
+
+    gateway: GatewayConfig = msgspec.field(default_factory=GatewayConfig)
+
+
+def read_server_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The raw mapping of `server.yaml`, not yet validated."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"cannot read configuration file {p}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"configuration file {p} is not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"configuration file {p} must hold a mapping (gateway: ...), not {type(raw).__name__}")
+    return raw
+
+
+def load_server_file(path: str | os.PathLike[str]) -> ServerFile:
+    """Reads and validates `server.yaml`; raises ConfigError naming the file and field."""
+    p = Path(path)
+    raw = read_server_yaml(p)
+    try:
+        return msgspec.convert(raw, ServerFile, strict=True)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"configuration file {p} is invalid: {e}") from e
+
+
+def parse_endpoint(spec: str) -> Endpoint:
+    """Parses `--endpoint ID=URL=MODEL[,MODEL]`."""
+    parts = spec.split("=", 2)
+    if len(parts) != 3 or not all(parts):
+        raise ConfigError(
+            f"--endpoint {spec!r} is not ID=URL=MODEL[,MODEL]; "
+            "example: --endpoint r1=http://127.0.0.1:8000=llama-3-8b"
+        )
+    rid, url, models = parts
+    try:
+        return Endpoint(id=rid, url=url, models=[m for m in models.split(",") if m])
+    except ValueError as e:
+        raise ConfigError(f"--endpoint {spec!r}: {e}") from e
+
+
+def encode_gateway(cfg: GatewayConfig) -> bytes:
+    """The config as JSON, for handing to granian's worker processes."""
+    return msgspec.json.encode(cfg)
+
+
+def decode_gateway(data: bytes | str) -> GatewayConfig:
+    """Inverse of encode_gateway; validation runs again in the worker."""
+    try:
+        return msgspec.json.decode(data, type=GatewayConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"gateway configuration is invalid: {e}") from e

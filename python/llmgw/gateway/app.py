@@ -1,0 +1,217 @@
+"""The RSGI application of `llmgw gateway`: the OpenAI routes, health, readiness and metrics.
+
+Granian imports this module in each worker (after it made the worker's uvloop)
+and calls `create_app()`; `__rsgi_init__` then builds the worker's state on that
+loop. Nothing here runs in granian's parent process, so nothing is forked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from llmgw import _core
+from llmgw.config import GatewayConfig, decode_gateway
+
+from . import body as reqbody
+from .errors import Kind, error_body, truncate
+from .metrics import Metrics
+from .proxy import Call, Proxy
+from .replicas import ReplicaSet
+from .usage import UsageSink
+
+log = logging.getLogger("llmgw.gateway")
+
+CONFIG_ENV = "LLMGW_GATEWAY_CONFIG"
+JSON = "application/json"
+
+# Client headers that are never passed to a replica: hop-by-hop headers, the
+# client's own credentials, and anything that would let a client steer where the
+# gateway connects.
+_NOT_FORWARDED = frozenset({
+    "host", "content-length", "content-type", "connection", "keep-alive", "transfer-encoding",
+    "te", "trailer", "upgrade", "authorization", "proxy-authorization", "cookie", "x-request-id",
+    "x-forwarded-host", "x-api-base", "x-base-url",
+})
+
+_REQUEST_ID_MAX = 128
+
+
+class Gateway:
+    """One worker's gateway; the RSGI entry point is `__rsgi__`."""
+
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self.cfg = cfg
+        self.aliases = dict(cfg.aliases)
+        # Per-worker random prefix + counter: unique across workers and restarts,
+        # and far cheaper than a uuid4 per request.
+        self._rid_prefix = os.urandom(6).hex()
+        self._rid_next = 0
+        self.replicas: ReplicaSet | None = None
+        self.proxy: Proxy | None = None
+        self.metrics: Metrics | None = None
+        self.usage = UsageSink(cfg.usage_log)
+        self.routes: dict[tuple[str, str], Callable[[Any, Any, str], Awaitable[None]]] = {
+            ("POST", "/v1/chat/completions"): self._inference,
+            ("POST", "/v1/completions"): self._inference,
+            ("POST", "/v1/embeddings"): self._inference,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/ready"): self._ready,
+            ("GET", "/metrics"): self._metrics,
+        }
+        self._paths = {path for _, path in self.routes}
+        names = sorted({m for e in cfg.endpoints for m in e.models} | set(cfg.aliases))
+        created = int(time.time())
+        self._model_objects = {
+            n: {"id": n, "object": "model", "created": created, "owned_by": "llmgw"} for n in names
+        }
+        self._models_body = msgspec.json.encode({"object": "list", "data": list(self._model_objects.values())})
+
+    # -- RSGI hooks ---------------------------------------------------------------
+    def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.replicas = ReplicaSet(loop, self.cfg.endpoints, self.cfg.health)
+        self.metrics = Metrics(self._replica_snapshot)
+        self.replicas._on_ejection = self.metrics.ejection
+        t = self.cfg.timeouts
+        self.proxy = Proxy(
+            self.replicas, self.usage, self.metrics, retries=self.cfg.retries,
+            connect=t.connect, first_byte=t.first_byte, idle=t.idle, total=t.total,
+            max_response_bytes=self.cfg.max_response_bytes, retry_after=self.cfg.retry_after_seconds,
+        )
+        self.replicas.start_probes()
+        self.usage.start(loop)
+
+    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.replicas is not None:
+            loop.run_until_complete(self.replicas.close())
+        loop.run_until_complete(self.usage.close())
+
+    def _replica_snapshot(self) -> list[tuple[str, int, bool]]:
+        assert self.replicas is not None
+        router = self.replicas.router
+        return [(r.id, router.outstanding(r.index), router.is_healthy(r.index)) for r in self.replicas.replicas]
+
+    # -- dispatch -----------------------------------------------------------------
+    async def __rsgi__(self, scope: Any, protocol: Any) -> None:
+        rid = scope.headers.get("x-request-id")
+        if not rid or len(rid) > _REQUEST_ID_MAX or not rid.isprintable():
+            self._rid_next += 1
+            rid = f"{self._rid_prefix}{self._rid_next:08x}"
+        path = scope.path
+        handler = self.routes.get((scope.method, path))
+        if handler is not None:
+            await handler(scope, protocol, rid)
+        elif scope.method == "GET" and path.startswith("/v1/models/"):
+            self._model(protocol, rid, path[len("/v1/models/"):])
+        elif path in self._paths:
+            self._error(protocol, rid, Kind.METHOD_NOT_ALLOWED, f"{scope.method} is not allowed on {path}")
+        else:
+            self._error(protocol, rid, Kind.NOT_FOUND,
+                        f"no route {scope.method} {truncate(path)}; the OpenAI API is served under /v1")
+
+    def _error(self, protocol: Any, rid: str, kind: Kind, message: str, param: str | None = None) -> None:
+        protocol.response_bytes(kind.status, [("content-type", JSON), ("x-request-id", rid)],
+                                error_body(kind, message, param))
+
+    # -- OpenAI routes ------------------------------------------------------------
+    async def _inference(self, scope: Any, protocol: Any, rid: str) -> None:
+        limit = self.cfg.max_body_bytes
+        declared = scope.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return self._error(protocol, rid, Kind.BODY_TOO_LARGE,
+                               f"request body is {declared} bytes; this gateway accepts at most {limit}")
+        # With a declared length the body comes in one call; without one (chunked
+        # upload) it is read piece by piece and reading stops at the limit.
+        data = await protocol() if declared is not None else await _read_body(protocol, limit)
+        if data is None or len(data) > limit:
+            return self._error(protocol, rid, Kind.BODY_TOO_LARGE,
+                               f"request body is over {limit} bytes; this gateway accepts at most {limit}")
+        try:
+            head = reqbody.DECODER.decode(data)
+        except msgspec.ValidationError as e:
+            return self._error(protocol, rid, Kind.INVALID_REQUEST, f"invalid request: {e}",
+                               reqbody.param_of(e))
+        except msgspec.DecodeError as e:
+            return self._error(protocol, rid, Kind.INVALID_JSON,
+                               f"request body is not valid JSON: {e}; send a JSON object")
+        model = head.model
+        target = self.aliases.get(model, model)
+        assert self.proxy is not None and self.replicas is not None
+        if not self.replicas.router.has_model(target):
+            return self._error(protocol, rid, Kind.MODEL_NOT_FOUND,
+                               f"model {truncate(model)!r} does not exist here; GET /v1/models lists the models served",
+                               "model")
+        stream = bool(head.stream) and scope.path != "/v1/embeddings"
+        wants_usage = head.stream_options is not None and bool(head.stream_options.include_usage)
+        strip_usage = stream and not wants_usage
+        if target != model or strip_usage:
+            data = _core.patch_request(data, target if target != model else None, strip_usage)
+        call = Call(rid, model, target, stream)
+        await self.proxy.forward(protocol, call, scope.path.encode(), data,
+                                 _forwarded(scope.headers), strip_usage)
+
+    async def _models(self, scope: Any, protocol: Any, rid: str) -> None:
+        protocol.response_bytes(200, [("content-type", JSON), ("x-request-id", rid)], self._models_body)
+
+    def _model(self, protocol: Any, rid: str, name: str) -> None:
+        obj = self._model_objects.get(name)
+        if obj is None:
+            return self._error(protocol, rid, Kind.MODEL_NOT_FOUND,
+                               f"model {truncate(name)!r} does not exist here; GET /v1/models lists the models served",
+                               "model")
+        protocol.response_bytes(200, [("content-type", JSON), ("x-request-id", rid)], msgspec.json.encode(obj))
+
+    # -- operations ---------------------------------------------------------------
+    async def _health(self, scope: Any, protocol: Any, rid: str) -> None:
+        protocol.response_bytes(200, [("content-type", JSON), ("x-request-id", rid)], b'{"status":"ok"}')
+
+    async def _ready(self, scope: Any, protocol: Any, rid: str) -> None:
+        assert self.replicas is not None
+        n = self.replicas.router.healthy_count()
+        if n:
+            body = msgspec.json.encode({"status": "ready", "healthy_replicas": n})
+            protocol.response_bytes(200, [("content-type", JSON), ("x-request-id", rid)], body)
+            return
+        body = error_body(Kind.NO_REPLICA, "no replica is healthy; the gateway cannot serve requests yet")
+        protocol.response_bytes(503, [("content-type", JSON), ("x-request-id", rid),
+                                      ("retry-after", str(self.cfg.retry_after_seconds))], body)
+
+    async def _metrics(self, scope: Any, protocol: Any, rid: str) -> None:
+        assert self.metrics is not None
+        protocol.response_bytes(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8"),
+                                      ("x-request-id", rid)], self.metrics.render())
+
+
+async def _read_body(protocol: Any, limit: int) -> bytes | None:
+    """The whole request body, or None once it passes `limit` bytes (stops reading there)."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in protocol:
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _forwarded(headers: Any) -> bytes:
+    """The client's `x-*` headers that travel to the replica (request ids, test hooks, tags)."""
+    out = b""
+    for k, v in headers.items():
+        if k.startswith("x-") and k not in _NOT_FORWARDED and not k.startswith("x-llmgw-"):
+            out += f"{k}: {v}\r\n".encode("latin-1", "replace")
+    return out
+
+
+def create_app() -> Gateway:
+    """Granian's factory: builds the worker's app from the configuration in the environment."""
+    raw = os.environ.get(CONFIG_ENV)
+    cfg = decode_gateway(raw) if raw else GatewayConfig()
+    return Gateway(cfg)

@@ -1,0 +1,108 @@
+"""The gateway's Prometheus metrics, defined in one table and rendered on scrape.
+
+Label children are cached per (model, status) so that a request pays a dict
+lookup and an increment, not prometheus_client's label validation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# Latency buckets for an LLM gateway span both a sub-millisecond relay of a cached
+# answer and a minutes-long generation.
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+# name -> (type, help, labels)
+TABLE: dict[str, tuple[type, str, tuple[str, ...]]] = {
+    "llmgw_requests_total": (Counter, "Requests answered, by model asked for and outcome.", ("model", "status")),
+    "llmgw_request_duration_seconds": (Histogram, "Time from request to the end of the answer.", ("model",)),
+    "llmgw_time_to_first_token_seconds": (Histogram, "Time from request to the first generated token.", ("model",)),
+    "llmgw_tokens_total": (Counter, "Tokens counted from upstream usage, by kind (prompt or completion).", ("model", "kind")),
+    "llmgw_upstream_retries_total": (Counter, "Requests retried on another replica before the first byte.", ("model",)),
+    "llmgw_replica_ejections_total": (Counter, "Passive ejections of a replica after a connect error or 5xx.", ("replica",)),
+}
+
+
+class _ReplicaCollector(Collector):
+    """In-flight and health per replica, read from the router at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], list[tuple[str, int, bool]]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        inflight = GaugeMetricFamily("llmgw_replica_in_flight", "Requests outstanding on a replica.", labels=["replica"])
+        healthy = GaugeMetricFamily("llmgw_replica_healthy", "1 when the replica is routed to.", labels=["replica"])
+        for rid, n, ok in self._snapshot():
+            inflight.add_metric([rid], n)
+            healthy.add_metric([rid], 1 if ok else 0)
+        yield inflight
+        yield healthy
+
+
+class Metrics:
+    """The metrics of one gateway worker."""
+
+    def __init__(self, replicas: Callable[[], list[tuple[str, int, bool]]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        made: dict[str, Counter | Histogram] = {}
+        for name, (cls, doc, labels) in TABLE.items():
+            # prometheus_client appends _total to counters itself.
+            base = name.removesuffix("_total") if cls is Counter else name
+            if cls is Histogram:
+                made[name] = Histogram(base, doc, labels, registry=self.registry, buckets=_LATENCY)
+            else:
+                made[name] = cls(base, doc, labels, registry=self.registry)
+        self.registry.register(_ReplicaCollector(replicas))
+        self._replica_registry = CollectorRegistry(auto_describe=False)
+        self._replica_registry.register(_ReplicaCollector(replicas))
+        self._requests = made["llmgw_requests_total"]
+        self._duration = made["llmgw_request_duration_seconds"]
+        self._ttft = made["llmgw_time_to_first_token_seconds"]
+        self._tokens = made["llmgw_tokens_total"]
+        self._retries = made["llmgw_upstream_retries_total"]
+        self._ejections = made["llmgw_replica_ejections_total"]
+        self._children: dict[tuple[str, ...], object] = {}
+
+    def _child(self, metric: Counter | Histogram, *labels: str) -> Counter | Histogram:
+        key = (metric._name, *labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c  # type: ignore[return-value]
+
+    def request(self, model: str, status: str, duration: float, ttft: float | None, prompt: int, completion: int) -> None:
+        """Counts one finished request."""
+        self._child(self._requests, model, status).inc()  # type: ignore[union-attr]
+        self._child(self._duration, model).observe(duration)  # type: ignore[union-attr]
+        if ttft is not None:
+            self._child(self._ttft, model).observe(ttft)  # type: ignore[union-attr]
+        if prompt:
+            self._child(self._tokens, model, "prompt").inc(prompt)  # type: ignore[union-attr]
+        if completion:
+            self._child(self._tokens, model, "completion").inc(completion)  # type: ignore[union-attr]
+
+    def retry(self, model: str) -> None:
+        """Counts a retry on another replica."""
+        self._child(self._retries, model).inc()  # type: ignore[union-attr]
+
+    def ejection(self, replica: str) -> None:
+        """Counts a passive ejection."""
+        self._child(self._ejections, replica).inc()  # type: ignore[union-attr]
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition.
+
+        With several workers (PROMETHEUS_MULTIPROC_DIR set), counters and
+        histograms are summed over every worker's files; the replica gauges are
+        this worker's view.
+        """
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+            merged = CollectorRegistry(auto_describe=False)
+            multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+            return generate_latest(merged) + generate_latest(self._replica_registry)
+        return generate_latest(self.registry)

@@ -1,0 +1,405 @@
+"""One inference request: pick a replica, send, relay the answer, account for it.
+
+Retries: a failure before anything reached the client (connect error, 5xx, a
+first-byte timeout, a connection that broke before the first complete event)
+goes to another replica while `retries` allows. After the first byte the answer
+is committed: a failure becomes one SSE error event, never a fake
+`finish_reason: "stop"`, and the usage seen so far is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from granian._granian import RSGIProtocolClosed as ProtocolClosed
+
+from llmgw import _core
+
+from .errors import Kind, error_body, sse_error_event, truncate
+from .replicas import Replica, ReplicaSet
+from .upstream import (
+    ConnectFailed,
+    ConnectionBroken,
+    Exchange,
+    UpstreamError,
+    UpstreamTimeout,
+    _Cancelled,
+)
+from .usage import UsageRecord, UsageSink
+
+log = logging.getLogger("llmgw.gateway")
+
+# A client disconnect is watched only for requests that are still running after
+# this long: a watcher costs a task, and short answers finish before it matters.
+DISCONNECT_WATCH_DELAY = 0.02
+
+JSON = "application/json"
+
+
+class Failure(Exception):
+    """The request ends with an error answer (before any byte was sent)."""
+
+    def __init__(self, kind: Kind, message: str, status: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+        self.retry_after = retry_after
+
+
+class Call:
+    """The state of one request, shared with the disconnect watcher."""
+
+    __slots__ = (
+        "completion",
+        "estimated",
+        "exchange",
+        "finish",
+        "gone",
+        "http_status",
+        "model",
+        "prompt",
+        "replica",
+        "retries",
+        "rid",
+        "started_at",
+        "status",
+        "stream",
+        "t0",
+        "target",
+        "timer",
+        "ttft",
+        "watch",
+    )
+
+    def __init__(self, rid: str, model: str, target: str, stream: bool) -> None:
+        self.rid = rid
+        self.model = model
+        self.target = target
+        self.stream = stream
+        self.t0 = time.perf_counter()
+        self.started_at = time.time()
+        self.ttft: float | None = None
+        self.replica: str | None = None
+        self.retries = 0
+        self.exchange: Exchange | None = None
+        self.gone = False
+        self.watch: asyncio.Future[Any] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.prompt = 0
+        self.completion = 0
+        self.estimated = False
+        self.finish: str | None = None
+        self.http_status = 200
+        self.status = "ok"
+
+    def client_gone(self, _: object = None) -> None:
+        """The client disconnected: abort whatever upstream exchange is running."""
+        if self.watch is not None and self.watch.cancelled():
+            return
+        self.gone = True
+        if self.exchange is not None:
+            self.exchange.cancel("client disconnected")
+
+
+class Proxy:
+    """Forwards inference requests to replicas."""
+
+    def __init__(self, replicas: ReplicaSet, usage: UsageSink, metrics: Any, *, retries: int,
+                 connect: float, first_byte: float, idle: float, total: float,
+                 max_response_bytes: int, retry_after: int) -> None:
+        self.replicas = replicas
+        self.router = replicas.router
+        self.usage = usage
+        self.metrics = metrics
+        self.retries = retries
+        self.connect = connect
+        self.first_byte = first_byte
+        self.idle = idle
+        self.total = total
+        self.max_response_bytes = max_response_bytes
+        self.retry_after = retry_after
+        self.loop = replicas.loop
+
+    # -- entry --------------------------------------------------------------------
+    async def forward(self, protocol: Any, call: Call, path: bytes, body: bytes,
+                      extra_headers: bytes, strip_usage: bool) -> None:
+        """Runs the request to its end and answers the client; never raises."""
+        call.timer = self.loop.call_later(DISCONNECT_WATCH_DELAY, self._watch, protocol, call)
+        try:
+            await self._attempts(protocol, call, path, body, extra_headers, strip_usage)
+        except Failure as f:
+            call.status = f.status
+            # Answered even when the client is gone: RSGI expects every request
+            # to get a response, and writing to a closed connection is harmless.
+            self._answer_error(protocol, call, f)
+        except Exception:
+            # A bug, not a replica's fault: say so in the OpenAI shape and keep the
+            # traceback in the log (never in the answer).
+            log.exception("request %s failed inside the gateway", call.rid)
+            call.status = "internal_error"
+            self._answer_error(protocol, call, Failure(
+                Kind.INTERNAL, f"the gateway failed on this request; its log has the details under request id {call.rid}",
+                "internal_error"))
+        finally:
+            call.timer.cancel()
+            if call.watch is not None:
+                call.watch.cancel()
+            self._account(call)
+
+    def _watch(self, protocol: Any, call: Call) -> None:
+        call.watch = fut = asyncio.ensure_future(protocol.client_disconnect())
+        fut.add_done_callback(call.client_gone)
+
+    def _answer_error(self, protocol: Any, call: Call, f: Failure) -> None:
+        call.http_status = f.kind.status
+        headers = [("content-type", JSON), ("x-request-id", call.rid)]
+        if f.retry_after is not None:
+            headers.append(("retry-after", str(f.retry_after)))
+        try:
+            protocol.response_bytes(f.kind.status, headers, error_body(f.kind, str(f)))
+        except ProtocolClosed:
+            pass
+
+    # -- attempts -----------------------------------------------------------------
+    async def _attempts(self, protocol: Any, call: Call, path: bytes, body: bytes,
+                        extra_headers: bytes, strip_usage: bool) -> None:
+        deadline = self.loop.time() + self.total
+        tried: list[int] = []
+        last: Failure | None = None
+        while True:
+            idx = self.router.pick(call.target, tried or None)
+            if idx is None:
+                if last is not None:
+                    raise last
+                raise Failure(
+                    Kind.NO_REPLICA,
+                    f"no healthy replica serves model {call.target!r} right now; "
+                    f"retry after {self.retry_after}s, and check the replicas' health if it persists",
+                    "no_replica", retry_after=self.retry_after,
+                )
+            r = self.replicas.replicas[idx]
+            tried.append(idx)
+            try:
+                await self._one(protocol, call, r, path, body, extra_headers, strip_usage, deadline)
+                return
+            except _Retry as e:
+                last = e.failure
+                if call.gone:
+                    raise _gone() from None
+                if len(tried) > self.retries or self.loop.time() >= deadline:
+                    raise last from None
+                call.retries += 1
+                self.metrics.retry(call.model)
+            finally:
+                self.router.release(idx)
+
+    async def _one(self, protocol: Any, call: Call, r: Replica, path: bytes, body: bytes,
+                   extra_headers: bytes, strip_usage: bool, deadline: float) -> None:
+        call.replica = r.id
+        ex = await self._send(call, r, path, body, extra_headers, deadline)
+        status = ex.status
+        if status >= 500:
+            ex.close()
+            self.replicas.failed(r, f"answered HTTP {status}")
+            raise _Retry(Failure(
+                Kind.UPSTREAM_FAILED,
+                f"replica {r.id} answered HTTP {status} for model {call.target!r}",
+                "upstream_error",
+            ))
+        ctype = ex.header(b"content-type") or b""
+        if call.stream and status == 200 and ctype.startswith(b"text/event-stream"):
+            await self._relay_stream(protocol, call, r, ex, strip_usage, deadline)
+        else:
+            await self._relay_whole(protocol, call, r, ex, status, ctype, deadline)
+
+    async def _send(self, call: Call, r: Replica, path: bytes, body: bytes,
+                    extra_headers: bytes, deadline: float) -> Exchange:
+        head = (
+            b"POST " + path + b" HTTP/1.1\r\nHost: " + r.pool.hostport
+            + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+            + b"\r\nX-Request-Id: " + call.rid.encode() + b"\r\n" + extra_headers + b"\r\n"
+        )
+        fresh_tries = 0
+        while True:
+            if call.gone:
+                raise _gone()
+            try:
+                ex = await r.pool.get(min(self.connect, max(deadline - self.loop.time(), 0.001)))
+            except ConnectFailed as e:
+                self.replicas.failed(r, str(e))
+                raise _Retry(Failure(Kind.UPSTREAM_FAILED, f"replica {r.id}: {e}", "upstream_error")) from None
+            call.exchange = ex
+            ex.send(head, body)
+            try:
+                await ex.read_head(min(deadline, self.loop.time() + self.first_byte))
+                return ex
+            except _Cancelled:
+                raise _gone() from None
+            except UpstreamTimeout as e:
+                ex.close()
+                raise _Retry(Failure(
+                    Kind.UPSTREAM_TIMEOUT,
+                    f"replica {r.id} did not answer within {self.first_byte:g}s ({e.phase} deadline)",
+                    "timeout",
+                )) from None
+            except ConnectionBroken as e:
+                ex.close()
+                # A kept-alive connection the replica closed while idle: not the
+                # replica's fault, and nothing was processed; once more, fresh.
+                if ex.reused and not ex.got_bytes and fresh_tries == 0:
+                    fresh_tries += 1
+                    continue
+                self.replicas.failed(r, str(e))
+                raise _Retry(Failure(Kind.UPSTREAM_FAILED, f"replica {r.id}: {e}", "upstream_error")) from None
+
+    # -- relaying -----------------------------------------------------------------
+    async def _relay_whole(self, protocol: Any, call: Call, r: Replica, ex: Exchange,
+                           status: int, ctype: bytes, deadline: float) -> None:
+        parts: list[bytes] = []
+        size = 0
+        try:
+            while (chunk := await ex.read_chunk(self.idle, deadline)) is not None:
+                parts.append(chunk)
+                size += len(chunk)
+                if size > self.max_response_bytes:
+                    ex.close()
+                    raise Failure(Kind.UPSTREAM_FAILED,
+                                  f"replica {r.id} sent an answer over {self.max_response_bytes} bytes",
+                                  "upstream_error")
+        except _Cancelled:
+            raise _gone() from None
+        except UpstreamError as e:
+            ex.close()
+            raise _Retry(self._broken(r, e)) from None
+        ex.finish()
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        if status >= 400:
+            # The engine's own 4xx explains what is wrong with the request: relay it.
+            call.status = "client_error"
+            call.http_status = status
+            protocol.response_bytes(status, [("content-type", ctype.decode("latin-1") or JSON),
+                                             ("x-request-id", call.rid)], data)
+            return
+        self.replicas.succeeded(r)
+        rename = call.target != call.model
+        s = _core.inspect_json(data, call.target if rename else None, call.model if rename else None)
+        call.prompt = s.prompt_tokens or 0
+        call.completion = s.completion_tokens or 0
+        call.finish = s.finish_reason
+        if s.error is not None:
+            call.status = "upstream_error"
+        call.http_status = status
+        protocol.response_bytes(status, [("content-type", ctype.decode("latin-1") or JSON),
+                                         ("x-request-id", call.rid)], s.body)
+
+    async def _relay_stream(self, protocol: Any, call: Call, r: Replica, ex: Exchange,
+                            strip_usage: bool, deadline: float) -> None:
+        rename = call.target != call.model
+        tap = _core.StreamTap(strip_usage, call.target if rename else None, call.model if rename else None)
+        transport = None
+        t0 = call.t0
+        try:
+            while (chunk := await ex.read_chunk(self.idle, deadline)) is not None:
+                out = tap.feed(chunk)
+                if call.ttft is None and tap.has_token:
+                    call.ttft = time.perf_counter() - t0
+                if out:
+                    if transport is None:
+                        transport = protocol.response_stream(200, [
+                            ("content-type", "text/event-stream"), ("cache-control", "no-cache"),
+                            ("x-request-id", call.rid)])
+                    await transport.send_bytes(out)
+            tail = tap.finish()
+            if tail:
+                if transport is None:
+                    transport = protocol.response_stream(200, [
+                        ("content-type", "text/event-stream"), ("cache-control", "no-cache"),
+                        ("x-request-id", call.rid)])
+                await transport.send_bytes(tail)
+        except ProtocolClosed:
+            ex.cancel("client disconnected")
+            call.gone = True
+            self._stream_usage(call, tap)
+            call.status = "cancelled"
+            return
+        except _Cancelled:
+            self._stream_usage(call, tap)
+            call.status = "cancelled"
+            return
+        except UpstreamError as e:
+            ex.close()
+            failure = self._broken(r, e)
+            if transport is None:
+                # Nothing reached the client yet: another replica may still answer.
+                raise _Retry(failure) from None
+            self._stream_usage(call, tap)
+            call.status = failure.status
+            try:
+                await transport.send_bytes(sse_error_event(failure.kind, str(failure)))
+            except ProtocolClosed:
+                pass
+            return
+        ex.finish()
+        self.replicas.succeeded(r)
+        self._stream_usage(call, tap)
+        if tap.error is not None or not tap.done:
+            call.status = "upstream_error"
+        if transport is None:
+            protocol.response_bytes(200, [("content-type", "text/event-stream"), ("x-request-id", call.rid)], b"")
+
+    def _broken(self, r: Replica, e: UpstreamError) -> Failure:
+        if isinstance(e, ConnectionBroken):
+            self.replicas.failed(r, str(e))
+        return _upstream_failure(r, e, self.idle)
+
+    @staticmethod
+    def _stream_usage(call: Call, tap: _core.StreamTap) -> None:
+        call.finish = tap.finish_reason
+        if tap.completion_tokens is not None:
+            call.prompt = tap.prompt_tokens or 0
+            call.completion = tap.completion_tokens
+        else:
+            # No usage chunk: the stream ended early. Each content event of an
+            # OpenAI-compatible engine carries one token, so count those.
+            call.completion = tap.content_chunks
+            call.estimated = True
+
+    # -- accounting ---------------------------------------------------------------
+    def _account(self, call: Call) -> None:
+        duration = time.perf_counter() - call.t0
+        if call.gone:
+            call.status = "cancelled"
+            call.http_status = 499
+        self.metrics.request(call.model, call.status, duration, call.ttft, call.prompt, call.completion)
+        self.usage.record(UsageRecord(
+            request_id=call.rid, model=call.model, upstream_model=call.target, replica=call.replica,
+            status=call.status, http_status=call.http_status, stream=call.stream,
+            prompt_tokens=call.prompt, completion_tokens=call.completion,
+            usage_estimated=call.estimated,
+            ttft_ms=None if call.ttft is None else round(call.ttft * 1000, 3),
+            duration_ms=round(duration * 1000, 3), finish_reason=call.finish,
+            retries=call.retries, started_at=call.started_at,
+        ))
+
+
+class _Retry(Exception):
+    """This replica failed before the client saw a byte; another may be tried."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+def _gone() -> Failure:
+    return Failure(Kind.UPSTREAM_FAILED, "client disconnected", "cancelled")
+
+
+def _upstream_failure(r: Replica, e: UpstreamError, idle: float) -> Failure:
+    if isinstance(e, UpstreamTimeout):
+        what = f"went silent for {idle:g}s" if e.phase == "idle" else "ran past the total deadline"
+        return Failure(Kind.UPSTREAM_TIMEOUT, f"replica {r.id} {what}; the answer is incomplete", "timeout")
+    return Failure(Kind.UPSTREAM_FAILED, f"replica {r.id} failed mid-answer ({truncate(str(e))}); the answer is incomplete",
+                   "upstream_error")

@@ -1,0 +1,255 @@
+"""The upstream HTTP/1.1 client: keep-alive connection pools per replica, on uvloop and httptools.
+
+Why not an HTTP client in the Rust extension: every body chunk would then cross
+from a tokio thread to the event loop (`call_soon_threadsafe`, one wake-up of
+the loop per chunk), and the RSGI transport that sends it on lives on the loop
+anyway. An asyncio Protocol gets the bytes on the loop thread directly, httptools
+parses them in C, and the Rust stream tap is called synchronously on them.
+
+One `Exchange` is one request/response on one connection. Its waits (head, next
+chunk) are bounded by deadlines armed with `loop.call_at`, one timer per wait
+that actually blocks: a chunk that is already buffered costs no timer at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Final
+
+import httptools
+
+
+class UpstreamError(Exception):
+    """An upstream failure; `phase` tells where it happened."""
+
+    def __init__(self, phase: str, message: str) -> None:
+        super().__init__(message)
+        self.phase = phase
+
+
+class ConnectFailed(UpstreamError):
+    """The TCP connection could not be opened (refused, unreachable, timed out)."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """A deadline passed: connect, first byte, idle or total."""
+
+
+class ConnectionBroken(UpstreamError):
+    """The connection closed or sent garbage before the answer was complete."""
+
+
+class _Cancelled(UpstreamError):
+    """The exchange was cancelled by the gateway (client gone)."""
+
+
+_HEAD: Final = 1
+_BODY: Final = 2
+_DONE: Final = 3
+
+# Stop reading from a replica when this much body is waiting for the client; the
+# socket's own buffers then push back on the engine.
+_PAUSE_BYTES: Final = 1 << 20
+
+
+class Exchange(asyncio.Protocol):
+    """One HTTP/1.1 connection to a replica, used for one exchange at a time."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.state = _DONE
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.paused = False
+        self.error: UpstreamError | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.reused = False
+        self.got_bytes = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses; they quack alike.
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(ConnectionBroken("body", f"invalid HTTP from replica: {e}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.state != _DONE:
+            why = f"connection lost: {exc}" if exc else "connection closed by replica"
+            self._fail(ConnectionBroken("body" if self.status else "head", why))
+
+    # -- httptools callbacks ----------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.state = _BODY
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > _PAUSE_BYTES and not self.paused and self.transport:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.state = _DONE
+        self._wake()
+
+    # -- the exchange -----------------------------------------------------------------
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _fail(self, err: UpstreamError) -> None:
+        if self.error is None:
+            self.error = err
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _on_deadline(self, err: UpstreamError) -> None:
+        self._fail(err)
+        self.close()
+
+    async def _wait(self, deadline: float, err: UpstreamError) -> None:
+        self.waiter = w = self.loop.create_future()
+        timer = self.loop.call_at(deadline, self._on_deadline, err)
+        try:
+            await w
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+    def send(self, head: bytes, body: bytes) -> None:
+        """Writes one request; the connection must be idle."""
+        assert self.transport is not None
+        self.state = _HEAD
+        self.status = 0
+        self.headers = []
+        self.got_bytes = False
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport.write(head + body if len(body) < 16384 else head)
+        if len(body) >= 16384:
+            self.transport.write(body)
+
+    async def read_head(self, deadline: float) -> int:
+        """Waits for the response headers; returns the status."""
+        while self.state == _HEAD and self.error is None:
+            await self._wait(deadline, UpstreamTimeout("first_byte", "no answer before the first-byte deadline"))
+        if self.state == _HEAD and self.error is not None:
+            raise self.error
+        return self.status
+
+    async def read_chunk(self, idle: float, deadline: float) -> bytes | None:
+        """The next body chunk, or None at the end of the body."""
+        while True:
+            if self.chunks:
+                chunk = self.chunks.popleft()
+                self.buffered -= len(chunk)
+                if self.paused and self.buffered < _PAUSE_BYTES // 2 and self.transport:
+                    self.paused = False
+                    self.transport.resume_reading()
+                return chunk
+            if self.state == _DONE:
+                return None
+            if self.error is not None:
+                raise self.error
+            now = self.loop.time()
+            if now + idle < deadline:
+                await self._wait(now + idle, UpstreamTimeout("idle", "replica went silent mid-answer"))
+            else:
+                await self._wait(deadline, UpstreamTimeout("total", "total deadline passed"))
+
+    def header(self, name: bytes) -> bytes | None:
+        """A response header by lower-case name."""
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Aborts the exchange at once: the connection is closed, the engine sees it."""
+        self._fail(_Cancelled("cancel", reason))
+        self.close()
+
+    def close(self) -> None:
+        """Closes the connection without waiting; it is never reused."""
+        t = self.transport
+        if t is not None:
+            self.transport = None
+            t.abort()
+
+    def finish(self) -> None:
+        """Returns the connection to its pool when it can carry another exchange."""
+        if (
+            self.state == _DONE
+            and self.error is None
+            and self.transport is not None
+            and not self.chunks
+            and self.parser.should_keep_alive()
+        ):
+            self.pool.put(self)
+        else:
+            self.close()
+
+
+class Pool:
+    """Idle keep-alive connections to one replica."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int, max_idle: int = 512) -> None:
+        self.loop = loop
+        self.host = host
+        self.port = port
+        self.max_idle = max_idle
+        self.idle: list[Exchange] = []
+        self.hostport = f"{host}:{port}".encode()
+
+    def put(self, ex: Exchange) -> None:
+        """Keeps a finished connection for reuse."""
+        if len(self.idle) < self.max_idle:
+            ex.reused = True
+            self.idle.append(ex)
+        else:
+            ex.close()
+
+    async def get(self, connect_timeout: float) -> Exchange:
+        """An idle connection, or a new one."""
+        while self.idle:
+            ex = self.idle.pop()
+            if ex.transport is not None and not ex.transport.is_closing():
+                return ex
+        try:
+            async with asyncio.timeout(connect_timeout):
+                _, proto = await self.loop.create_connection(
+                    lambda: Exchange(self), self.host, self.port
+                )
+        except TimeoutError as e:
+            raise ConnectFailed("connect", f"connect to {self.host}:{self.port}: timed out") from e
+        except OSError as e:
+            reason = e.strerror or str(e)
+            raise ConnectFailed("connect", f"connect to {self.host}:{self.port}: {reason.lower()}") from e
+        return proto
+
+    def close(self) -> None:
+        """Closes every idle connection."""
+        for ex in self.idle:
+            ex.close()
+        self.idle.clear()

@@ -1,0 +1,119 @@
+"""Fixtures for the gateway's end-to-end tests: real simulator and gateway processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.procs import Proc, free_port, start_process
+
+SIM_READY = "llmgw-sim listening on"
+GATEWAY_READY = "llmgw gateway listening on"
+
+
+def start_sim(*args: str) -> Proc:
+    """A simulator process on a free port."""
+    port = free_port()
+    return start_process(
+        [sys.executable, "-m", "llmgw.sim", "--port", str(port), *args], SIM_READY, port=port
+    )
+
+
+class Gateway:
+    """A running gateway process and what it wrote."""
+
+    def __init__(self, proc: Proc, usage_log: Path) -> None:
+        self.proc = proc
+        self.usage_log = usage_log
+        self.url = proc.url
+        self.base_url = proc.url + "/v1"
+
+    def usage(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Waits until the usage log holds at least n records; returns them all."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.usage_log.read_text().splitlines() if self.usage_log.exists() else []
+            if len(lines) >= n or time.monotonic() > deadline:
+                return [json.loads(x) for x in lines]
+            time.sleep(0.05)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of one sample from the gateway's /metrics (0 when absent)."""
+        return metric_value(http_get(self.url + "/metrics"), name, **labels)
+
+
+def http_get(url: str) -> str:
+    """GET a URL; returns the body text."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return str(r.read().decode())
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Finds a sample by name and (a subset of) its labels in a Prometheus exposition."""
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, rest = head.partition("{")
+        if metric != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += float(value)
+            found = True
+    return total if found else 0.0
+
+
+@pytest.fixture
+def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
+    """Starts gateways: factory(endpoints=[...], config={...}); all are stopped at the end."""
+    started: list[Proc] = []
+
+    def make(endpoints: list[str], config: dict[str, Any] | None = None, *args: str) -> Gateway:
+        port = free_port()
+        usage_log = tmp_path / f"usage-{port}.jsonl"
+        cmd = [
+            sys.executable,
+            "-m",
+            "llmgw",
+            "gateway",
+            "--port",
+            str(port),
+            "--usage-log",
+            str(usage_log),
+        ]
+        if config:
+            cfg = tmp_path / f"server-{port}.yaml"
+            cfg.write_text(json.dumps({"gateway": config}))  # JSON is YAML
+            cmd += ["--config", str(cfg)]
+        for e in endpoints:
+            cmd += ["--endpoint", e]
+        proc = start_process([*cmd, *args], GATEWAY_READY)
+        started.append(proc)
+        return Gateway(proc, usage_log)
+
+    yield make
+    for p in started:
+        p.terminate()
+
+
+@pytest.fixture
+def sim() -> Iterator[Proc]:
+    """One simulator serving `sim-model`, zero latency."""
+    with start_sim("--model", "sim-model") as p:
+        yield p
+
+
+@pytest.fixture
+def gateway(gateway_factory: Callable[..., Gateway], sim: Proc) -> Gateway:
+    """A gateway in front of the `sim` fixture, with an alias `gpt-test` for `sim-model`."""
+    return gateway_factory([f"r1={sim.url}=sim-model"], {"aliases": {"gpt-test": "sim-model"}})

@@ -1,0 +1,113 @@
+"""Every error status of the data plane, in the OpenAI error shape."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from tests.procs import Proc, free_port
+
+from .conftest import Gateway
+
+
+def post(
+    gw: Gateway, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], Any]:
+    u = urlsplit(gw.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=20)
+    conn.request(
+        "POST", path, body=body, headers={"content-type": "application/json", **(headers or {})}
+    )
+    r = conn.getresponse()
+    data = r.read()
+    conn.close()
+    return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(data) if data else None
+
+
+CHAT = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def assert_error(body: Any, code: str) -> None:
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == code
+    assert body["error"]["message"].endswith((".", ")")) or len(body["error"]["message"]) > 20
+
+
+def test_unknown_model_is_404(gateway: Gateway) -> None:
+    status, headers, body = post(
+        gateway, "/v1/chat/completions", b'{"model":"gpt-9","messages":[]}'
+    )
+    assert status == 404 and "x-request-id" in headers
+    assert_error(body, "model_not_found")
+    assert body["error"]["param"] == "model"
+
+
+def test_malformed_json_is_400_with_the_position(gateway: Gateway) -> None:
+    status, _, body = post(
+        gateway, "/v1/chat/completions", b'{"model": "sim-model", "messages": [}'
+    )
+    assert status == 400
+    assert_error(body, "invalid_json")
+    assert "byte 36" in body["error"]["message"]
+
+
+def test_missing_model_is_400_naming_the_field(gateway: Gateway) -> None:
+    status, _, body = post(gateway, "/v1/chat/completions", b'{"messages": []}')
+    assert status == 400 and body["error"]["param"] == "model"
+
+
+def test_body_over_the_limit_is_413(gateway_factory: Callable[..., Gateway], sim: Proc) -> None:
+    gw = gateway_factory([f"r1={sim.url}=sim-model"], {"max_body_bytes": 1000})
+    big = json.dumps({"model": "sim-model", "prompt": "x" * 2000}).encode()
+    status, _, body = post(gw, "/v1/completions", big)
+    assert status == 413
+    assert_error(body, "body_too_large")
+
+
+def test_no_healthy_replica_is_503_with_retry_after(
+    gateway_factory: Callable[..., Gateway],
+) -> None:
+    dead = free_port()  # nothing listens there
+    gw = gateway_factory([f"r1=http://127.0.0.1:{dead}=sim-model"], {"retries": 0})
+    # The first health probe or the first connect error takes the replica out.
+    first = post(gw, "/v1/chat/completions", CHAT)
+    assert first[0] in (502, 503)
+    status, headers, body = post(gw, "/v1/chat/completions", CHAT)
+    assert status == 503 and headers["retry-after"] == "1"
+    assert_error(body, "no_healthy_replica")
+
+
+def test_upstream_failure_is_502(gateway: Gateway) -> None:
+    status, _, body = post(gateway, "/v1/chat/completions", CHAT, {"x-sim-fault": "fail=500"})
+    assert status == 502
+    assert_error(body, "upstream_failed")
+    assert "r1" in body["error"]["message"]
+    rec = gateway.usage(1)[0]
+    assert rec["status"] == "upstream_error" and rec["http_status"] == 502
+
+
+def test_upstream_timeout_is_504(gateway_factory: Callable[..., Gateway], sim: Proc) -> None:
+    gw = gateway_factory(
+        [f"r1={sim.url}=sim-model"], {"timeouts": {"first_byte": 0.5}, "retries": 0}
+    )
+    status, _, body = post(gw, "/v1/chat/completions", CHAT, {"x-sim-fault": "hang"})
+    assert status == 504
+    assert_error(body, "upstream_timeout")
+    assert gw.usage(1)[0]["status"] == "timeout"
+
+
+def test_unknown_route_and_method(gateway: Gateway) -> None:
+    u = urlsplit(gateway.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+    conn.request("GET", "/v1/chat/completions")
+    r = conn.getresponse()
+    assert r.status == 405 and json.loads(r.read())["error"]["code"] == "method_not_allowed"
+    conn.request("GET", "/nope")
+    r = conn.getresponse()
+    r.read()
+    conn.close()
+    assert r.status == 404 and r.getheader("x-request-id")

@@ -1,0 +1,182 @@
+"""Replica and client faults, with real processes started and killed.
+
+Each test asserts both what the client saw and what the gateway recorded.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+
+from tests.procs import Proc
+
+from .conftest import Gateway, http_get, metric_value, start_sim
+
+MSG = [{"role": "user", "content": "write a long story"}]
+
+
+def client(gw: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=20)
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
+
+
+def test_replica_killed_mid_stream(gateway_factory: Callable[..., Gateway]) -> None:
+    with start_sim("--model", "m", "--itl-ms", "50", "--output-tokens", "200") as sim:
+        gw = gateway_factory([f"r1={sim.url}=m"])
+        stream = client(gw).chat.completions.create(model="m", messages=MSG, stream=True)
+        seen = []
+        with pytest.raises(openai.APIError) as err:
+            for chunk in stream:
+                seen.append(chunk)
+                if len(seen) == 4:
+                    sim.kill()
+        assert "incomplete" in str(err.value)
+        assert not any(c.choices and c.choices[0].finish_reason == "stop" for c in seen)
+    rec = gw.usage(1)[0]
+    assert rec["status"] == "upstream_error" and rec["usage_estimated"] is True
+    assert rec["completion_tokens"] >= 3 and rec["finish_reason"] is None
+
+
+def test_replica_hangs_mid_stream(gateway_factory: Callable[..., Gateway], sim: Proc) -> None:
+    gw = gateway_factory([f"r1={sim.url}=sim-model"], {"timeouts": {"idle": 0.5}})
+    stream = client(gw).chat.completions.create(
+        model="sim-model", messages=MSG, stream=True, extra_headers={"x-sim-fault": "hang-after=3"}
+    )
+    texts = []
+    with pytest.raises(openai.APIError) as err:
+        for chunk in stream:
+            texts.append(chunk.choices[0].delta.content if chunk.choices else None)
+    assert "silent" in str(err.value)
+    assert len([t for t in texts if t]) == 3
+    rec = gw.usage(1)[0]
+    assert (
+        rec["status"] == "timeout"
+        and rec["completion_tokens"] == 3
+        and rec["usage_estimated"] is True
+    )
+
+
+def test_replica_resets_mid_stream(gateway: Gateway) -> None:
+    stream = client(gateway).chat.completions.create(
+        model="sim-model", messages=MSG, stream=True, extra_headers={"x-sim-fault": "reset-after=2"}
+    )
+    with pytest.raises(openai.APIError):
+        for _ in stream:
+            pass
+    rec = gateway.usage(1)[0]
+    assert rec["status"] == "upstream_error" and rec["completion_tokens"] == 2
+
+
+def test_error_event_from_the_engine_is_relayed_as_an_error(gateway: Gateway) -> None:
+    stream = client(gateway).chat.completions.create(
+        model="sim-model", messages=MSG, stream=True, extra_headers={"x-sim-fault": "error-after=2"}
+    )
+    with pytest.raises(openai.APIError) as err:
+        for _ in stream:
+            pass
+    assert "simulated engine error" in str(err.value)
+    assert gateway.usage(1)[0]["status"] == "upstream_error"
+
+
+def test_client_disconnect_mid_stream_cancels_upstream(
+    gateway_factory: Callable[..., Gateway],
+) -> None:
+    with start_sim("--model", "m", "--itl-ms", "50", "--output-tokens", "500") as sim:
+        gw = gateway_factory([f"r1={sim.url}=m"])
+        stream = client(gw).chat.completions.create(model="m", messages=MSG, stream=True)
+        for n, _ in enumerate(stream):
+            if n == 3:
+                break
+        stream.close()
+        t0 = time.monotonic()
+        assert wait_for(
+            lambda: (
+                metric_value(http_get(sim.url + "/metrics"), "llmgw_sim_requests_aborted_total")
+                == 1
+            )
+        )
+        assert time.monotonic() - t0 < 1.0, (
+            "the upstream request outlived the client by over a second"
+        )
+        assert metric_value(http_get(sim.url + "/metrics"), "vllm:num_requests_running") == 0
+        rec = gw.usage(1)[0]
+        assert rec["status"] == "cancelled" and rec["completion_tokens"] >= 3
+        assert gw.metric("llmgw_replica_in_flight", replica="r1") == 0
+
+
+def test_client_disconnect_while_waiting_cancels_upstream(gateway: Gateway, sim: Proc) -> None:
+    u = urlsplit(gateway.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=0.5)
+    body = json.dumps({"model": "sim-model", "messages": MSG})
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=body,
+        headers={"content-type": "application/json", "x-sim-fault": "hang"},
+    )
+    with pytest.raises(TimeoutError):
+        conn.getresponse()
+    conn.close()
+    assert wait_for(
+        lambda: (
+            metric_value(http_get(sim.url + "/metrics"), "llmgw_sim_requests_aborted_total") == 1
+        )
+    )
+    rec = gateway.usage(1)[0]
+    assert rec["status"] == "cancelled" and rec["http_status"] == 499
+
+
+def test_retry_on_another_replica_before_the_first_byte(gateway_factory: Callable[..., Gateway], sim: Proc) -> None:
+    # Probes are slow here, so the gateway learns of the dead replica only by
+    # failing to connect to it with a request in hand.
+    with start_sim("--model", "sim-model") as doomed:
+        gw = gateway_factory([f"doomed={doomed.url}=sim-model", f"live={sim.url}=sim-model"],
+                             {"health": {"probe_interval": 60}})
+        assert gw.metric("llmgw_replica_healthy", replica="doomed") == 1
+        doomed.kill()
+        c = client(gw)
+        for _ in range(4):
+            r = c.chat.completions.create(model="sim-model", messages=MSG, max_tokens=2)
+            assert r.choices[0].message.content
+    recs = gw.usage(4)
+    assert {r["replica"] for r in recs} == {"live"} and all(r["status"] == "ok" for r in recs)
+    assert sum(r["retries"] for r in recs) == 1
+    assert gw.metric("llmgw_upstream_retries_total", model="sim-model") == 1
+    assert gw.metric("llmgw_replica_ejections_total", replica="doomed") == 1
+    assert gw.metric("llmgw_replica_healthy", replica="doomed") == 0
+
+
+def test_active_probes_follow_replica_health(gateway_factory: Callable[..., Gateway]) -> None:
+    with start_sim("--model", "m") as a, start_sim("--model", "m") as b:
+        gw = gateway_factory(
+            [f"a={a.url}=m", f"b={b.url}=m"],
+            {"health": {"probe_interval": 0.2, "probe_timeout": 0.5}},
+        )
+        assert json.loads(http_get(gw.url + "/ready"))["healthy_replicas"] == 2
+        a.kill()
+        assert wait_for(lambda: gw.metric("llmgw_replica_healthy", replica="a") == 0)
+        r = client(gw).chat.completions.create(model="m", messages=MSG, max_tokens=1)
+        assert r.choices
+        b.kill()
+        assert wait_for(lambda: gw.metric("llmgw_replica_healthy", replica="b") == 0)
+        u = urlsplit(gw.url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+        conn.request("GET", "/ready")
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        assert resp.status == 503 and resp.getheader("retry-after") == "1"

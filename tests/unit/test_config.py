@@ -1,0 +1,56 @@
+"""Configuration: loading, validation errors with paths, flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmgw.config import ConfigError, load_server_file, parse_endpoint
+
+
+def test_endpoint_flag() -> None:
+    e = parse_endpoint("r1=http://127.0.0.1:9000=a,b")
+    assert (e.id, e.host, e.port, e.models) == ("r1", "127.0.0.1", 9000, ["a", "b"])
+
+
+@pytest.mark.parametrize("spec", ["r1", "r1=http://x:1", "=http://x:1=m", "r1=ftp://x=m"])
+def test_bad_endpoint_flag_says_the_form(spec: str) -> None:
+    with pytest.raises(ConfigError, match="--endpoint"):
+        parse_endpoint(spec)
+
+
+def test_server_yaml(tmp_path: Path) -> None:
+    p = tmp_path / "server.yaml"
+    p.write_text(
+        "gateway:\n  port: 9999\n  endpoints:\n    - {id: a, url: 'http://127.0.0.1:1', models: [m]}\n"
+        "  aliases: {gpt: m}\n  timeouts: {idle: 3}\n"
+    )
+    cfg = load_server_file(p).gateway
+    assert cfg.port == 9999 and cfg.aliases == {"gpt": "m"} and cfg.timeouts.idle == 3
+    assert cfg.timeouts.first_byte == 60.0
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("gateway:\n  prot: 1\n", "$.gateway"),
+        ("gateway:\n  timeouts: {idle: -1}\n", "$.gateway.timeouts.idle"),
+        (
+            "gateway:\n  endpoints: [{id: a, url: 'http://h:1', models: []}]\n",
+            "$.gateway.endpoints[0]",
+        ),
+        ("gateway:\n  aliases: {x: nowhere}\n", "alias 'x' points to 'nowhere'"),
+    ],
+)
+def test_invalid_config_names_the_field(tmp_path: Path, text: str, where: str) -> None:
+    p = tmp_path / "server.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_server_file(p)
+    assert where in str(e.value) and str(p) in str(e.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_server_file(tmp_path / "nope.yaml")
