@@ -21,6 +21,7 @@ lint: install ## ruff, mypy --strict, clippy
 	$(VENV)/bin/pip install --quiet ruff==0.17.6 mypy==2.4.1 types-PyYAML==6.0.12.20261122
 	$(VENV)/bin/ruff check python tests bench
 	$(VENV)/bin/mypy python/llmgw
+	$(VENV)/bin/python -m mypy.stubtest llmgw._core
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --features python -- -D warnings
 
