@@ -18,8 +18,8 @@ def words(n: int, prefix: str = "w") -> list[str]:
     return [f"{prefix}{i}" for i in range(n)]
 
 
-def text(tokens: list[str]) -> str:
-    return " ".join(tokens)
+def text(tokens: list[str]) -> tuple[str, ...]:
+    return tuple(tokens)
 
 
 def test_generation_is_stable_and_seeded() -> None:
@@ -56,19 +56,21 @@ def test_prefix_cache_lru_eviction_and_kv_events() -> None:
     cache.query(text(a))
     ha0 = block_hash(0, a[:2])
     ha1 = block_hash(ha0, a[2:])
-    assert sink.events == [("stored", ([ha0, ha1], None, sink.events[0][1][2], 2))]
+    assert sink.events == [("stored", ([ha0, ha1], None, sink.events[0][1][2], 2)), ("flush", ())]
     assert len(sink.events[0][1][2]) == 4  # type: ignore[arg-type]
     cache.query(text(a[:2]))  # touch a0 so a1 is the least recently used
     cache.query(text(b))
     hb0 = block_hash(0, b[:2])
-    assert sink.events[1][0] == "stored" and sink.events[1][1][0] == [hb0, block_hash(hb0, b[2:])]
-    assert sink.events[2] == ("removed", ([ha1],))
+    events = [e for e in sink.events if e[0] != "flush"]
+    assert events[1][0] == "stored" and events[1][1][0] == [hb0, block_hash(hb0, b[2:])]
+    assert events[2] == ("removed", ([ha1],))
     assert len(cache) == 3 and cache.usage == 1.0
     assert cache.query(text(a)) == (4, 2)  # a0 survived, a1 was evicted
     # a1 is stored again with a0 as its parent.
-    assert sink.events[3] == ("stored", ([ha1], ha0, sink.events[3][1][2], 2))
+    events = [e for e in sink.events if e[0] != "flush"]
+    assert events[3] == ("stored", ([ha1], ha0, events[3][1][2], 2))
     cache.clear()
-    assert sink.events[-1] == ("cleared", ())
+    assert sink.events[-2:] == [("cleared", ()), ("flush", ())]
     assert len(cache) == 0
 
 

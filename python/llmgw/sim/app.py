@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 from uuid import uuid4
 
 import msgspec
@@ -24,6 +25,10 @@ from llmgw.sim.config import SimConfig, from_env
 from llmgw.sim.faults import HEADER, Fault, FaultError, parse, reset_connection
 from llmgw.sim.jobs import HttpError, Job, Send, fault_point, prompt_texts, render_chat
 from llmgw.sim.kv import KvEventSink
+
+if TYPE_CHECKING:
+    from llmgw._core import ModelTokenizer
+    from llmgw.sim.kv_zmq import ZmqPublisher
 from llmgw.sim.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.sim.metrics import SimMetrics
 from llmgw.sim.schema import (
@@ -71,6 +76,30 @@ class SimApp:
             for m in config.models
         }  # fmt: skip
         self._models_body = encode({"object": "list", "data": list(self._model_cards.values())})
+        self.tokenizer: ModelTokenizer | None = None
+        if config.tokenizer:
+            from llmgw._core import ModelTokenizer  # the Rust core: only when asked for
+
+            self.tokenizer = ModelTokenizer.from_dir(config.tokenizer)
+        self.publisher: ZmqPublisher | None = None
+
+    def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Per worker, after granian forked it: open the KV-event sockets."""
+        cfg = self.cfg
+        if cfg.kv_events_endpoint:
+            from llmgw.sim.kv_zmq import ZmqPublisher
+
+            self.publisher = ZmqPublisher(
+                cfg.kv_events_endpoint, cfg.kv_replay_endpoint, encoding=cfg.kv_events_encoding,
+                replay_topic_frame=cfg.kv_replay_topic_frame,
+            )
+            self.cache.attach(self.publisher)
+            self.publisher.start(loop)
+
+    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Closes the KV-event sockets."""
+        if self.publisher is not None:
+            self.publisher.close()
 
     # ---- plumbing -------------------------------------------------------------------
 
@@ -176,23 +205,39 @@ class SimApp:
     # ---- request decoding ---------------------------------------------------------
 
     async def _chat(self, scope: Scope, protocol: HTTPProtocol, rid: str) -> Job:
+        body = await protocol()
         try:
-            req = self._chat_dec.decode(await protocol())
+            req = self._chat_dec.decode(body)
         except msgspec.DecodeError as exc:
             raise HttpError(400, f"Invalid request body: {exc}") from None
         job = Job(True, scope, "chatcmpl-" + rid, self._check_model(req.model),
                   [render_chat(req.messages)])  # fmt: skip
+        self._tokenize(job, body)
         mt = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         return self._finish_job(job, mt, req.stream, req.stream_options, req.seed)
 
     async def _cmpl(self, scope: Scope, protocol: HTTPProtocol, rid: str) -> Job:
+        body = await protocol()
         try:
-            req = self._cmpl_dec.decode(await protocol())
+            req = self._cmpl_dec.decode(body)
         except msgspec.DecodeError as exc:
             raise HttpError(400, f"Invalid request body: {exc}") from None
         model = self._check_model(req.model)
         job = Job(False, scope, "cmpl-" + rid, model, prompt_texts(req.prompt, "prompt"))
+        self._tokenize(job, body)
         return self._finish_job(job, req.max_tokens, req.stream, req.stream_options, req.seed)
+
+    def _tokenize(self, job: Job, body: bytes) -> None:
+        """With a model tokenizer, the cache sees the token ids the engine would."""
+        tok = self.tokenizer
+        if tok is None:
+            return
+        if len(job.texts) == 1:
+            ids = tok.tokens(body, job.chat)
+            if ids is not None:
+                job.tokens = [tuple(ids)]
+                return
+        job.tokens = [tuple(tok.encode(t)) for t in job.texts]
 
     def _finish_job(self, job: Job, max_tokens: int | None, stream: bool | None,
                     opts: object, seed: int | None) -> Job:  # fmt: skip
@@ -288,8 +333,8 @@ class SimApp:
         """Query the prefix cache; return prompt tokens and the TTFT delay in seconds."""
         prompt_tokens = 0
         hit = 0
-        for text in job.texts:
-            n, h = self.cache.query(text)
+        for tokens in job.tokens:
+            n, h = self.cache.query(tokens)
             prompt_tokens += n
             hit += h
         delay = self.cfg.ttft_ms / 1e3 + self.cfg.prefill_us_per_token * (prompt_tokens - hit) / 1e6

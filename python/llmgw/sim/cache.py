@@ -21,10 +21,14 @@ ROOT_HASH = 0
 _SEP = "\x1f"
 
 
-def block_hash(parent: int, tokens: Sequence[str]) -> int:
+Token = str | int
+"""A simulated token: a whitespace word, or a real token id when a tokenizer is loaded."""
+
+
+def block_hash(parent: int, tokens: Sequence[Token]) -> int:
     """Stable 64-bit key of a block given its parent's key (same in every process)."""
     h = hashlib.blake2b(parent.to_bytes(8, "little"), digest_size=8)
-    h.update(_SEP.join(tokens).encode("utf-8", "surrogatepass"))
+    h.update(_SEP.join(map(str, tokens)).encode("utf-8", "surrogatepass"))
     return int.from_bytes(h.digest(), "little")
 
 
@@ -36,13 +40,12 @@ def token_id(token: str) -> int:
 
 
 @lru_cache(maxsize=4096)
-def prompt_blocks(prompt: str, block_size: int) -> tuple[int, tuple[int, ...]]:
-    """(token count, chained keys of the full blocks) of a prompt.
+def prompt_blocks(tokens: tuple[Token, ...], block_size: int) -> tuple[int, tuple[int, ...]]:
+    """(token count, chained keys of the full blocks) of a prompt's tokens.
 
     Cached because benchmarks and chat sessions resend the same prompts, and
     hashing is most of the per-request cost of the cache.
     """
-    tokens = prompt.split()
     keys = []
     parent = ROOT_HASH
     for i in range(len(tokens) // block_size):
@@ -72,12 +75,17 @@ class PrefixCache:
         """Fraction of capacity in use, 0..1."""
         return len(self._blocks) / self.capacity if self.capacity else 0.0
 
-    def query(self, prompt: str) -> tuple[int, int]:
-        """Count the cached leading blocks of `prompt`, then store all its full blocks.
+    def attach(self, sink: KvEventSink) -> None:
+        """Sends the cache's events to `sink` from now on."""
+        self.sink = sink
+        self._emit = not isinstance(sink, NullSink)
+
+    def query(self, tokens: tuple[Token, ...]) -> tuple[int, int]:
+        """Count the cached leading blocks of a prompt, then store all its full blocks.
 
         Returns (prompt tokens, prompt tokens served from the cache).
         """
-        n_tokens, keys = prompt_blocks(prompt, self.block_size)
+        n_tokens, keys = prompt_blocks(tokens, self.block_size)
         self.queries += n_tokens
         if not keys or self.capacity == 0:
             return n_tokens, 0
@@ -98,17 +106,17 @@ class PrefixCache:
         while len(blocks) > self.capacity:
             evicted.append(blocks.popitem(last=False)[0])
         if self._emit:
-            self._report(prompt, keys, new, evicted)
+            self._report(tokens, keys, new, evicted)
+            self.sink.flush()
         hit_tokens = hit_blocks * self.block_size
         self.hits += hit_tokens
         return n_tokens, hit_tokens
 
     def _report(
-        self, prompt: str, keys: tuple[int, ...], new: list[int], evicted: list[int]
+        self, tokens: tuple[Token, ...], keys: tuple[int, ...], new: list[int], evicted: list[int]
     ) -> None:
         """Send one `blocks_stored` per contiguous run of new blocks, then the evictions."""
         bs = self.block_size
-        tokens = prompt.split()
         start = 0
         while start < len(new):
             end = start
@@ -116,7 +124,7 @@ class PrefixCache:
                 end += 1
             first, last = new[start], new[end]
             parent = keys[first - 1] if first else None
-            ids = [token_id(t) for t in tokens[first * bs : (last + 1) * bs]]
+            ids = [t if isinstance(t, int) else token_id(t) for t in tokens[first * bs : (last + 1) * bs]]
             self.sink.blocks_stored(list(keys[first : last + 1]), parent, ids, bs)
             start = end + 1
         if evicted:
@@ -126,3 +134,4 @@ class PrefixCache:
         """Drop every block and tell the sink."""
         self._blocks.clear()
         self.sink.all_cleared()
+        self.sink.flush()

@@ -36,6 +36,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"requests running at once; more wait (default {_D.max_num_seqs})")  # fmt: skip
     add("--embedding-dim", type=int, default=_D.embedding_dim,
         help=f"length of embedding vectors (default {_D.embedding_dim})")  # fmt: skip
+    add("--tokenizer", metavar="DIR", default=None,
+        help="model directory with tokenizer.json: the cache and KV events use its token ids")  # fmt: skip
+    add("--kv-events-endpoint", metavar="ZMQ", default=None,
+        help="publish vLLM KV-cache events here, e.g. tcp://127.0.0.1:5557")  # fmt: skip
+    add("--kv-replay-endpoint", metavar="ZMQ", default=None,
+        help="answer replay requests here, e.g. tcp://127.0.0.1:5558")  # fmt: skip
+    add("--kv-events-encoding", choices=("map", "array"), default=_D.kv_events_encoding,
+        help="event encoding: map (current vLLM) or array (older vLLM)")  # fmt: skip
+    add("--kv-replay-no-topic", action="store_true",
+        help="replay replies without a topic frame (older vLLM, SGLang)")  # fmt: skip
     add("--workers", type=int, default=_D.workers,
         help="granian worker processes; each has its own cache and metrics (default 1)")  # fmt: skip
 
@@ -56,6 +66,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_num_seqs=args.max_num_seqs,
         embedding_dim=args.embedding_dim,
         workers=args.workers,
+        tokenizer=args.tokenizer,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_replay_endpoint=args.kv_replay_endpoint,
+        kv_events_encoding=args.kv_events_encoding,
+        kv_replay_topic_frame=not args.kv_replay_no_topic,
     )
     config.validate()
     return config

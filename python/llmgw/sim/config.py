@@ -8,6 +8,7 @@ again (workers are separate processes, so the environment is the channel).
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 import msgspec
 
@@ -30,6 +31,15 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     max_num_seqs: int = 256
     embedding_dim: int = 64
     workers: int = 1
+    tokenizer: str | None = None
+    """A model directory (tokenizer.json, tokenizer_config.json): the prefix cache and
+    the KV events then use its token ids and chat template, as a real engine would."""
+    kv_events_endpoint: str | None = None
+    """Publish vLLM KV-cache events on this ZMQ endpoint (e.g. tcp://127.0.0.1:5557)."""
+    kv_replay_endpoint: str | None = None
+    kv_events_encoding: Literal["map", "array"] = "map"
+    """`map` (vLLM since mid-2026) or `array` (older vLLM)."""
+    kv_replay_topic_frame: bool = True
 
     @property
     def zero_latency(self) -> bool:
@@ -52,6 +62,10 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         if not 0 < self.port < 65536:
             # Port 0 cannot work: on Linux each granian worker binds the port itself.
             raise ValueError(f"--port must be 1..65535, got {self.port}")
+        if self.kv_events_encoding not in ("map", "array"):
+            raise ValueError(f"--kv-events-encoding must be map or array, got {self.kv_events_encoding!r}")
+        if self.kv_events_endpoint and self.workers != 1:
+            raise ValueError("KV events need --workers 1: each worker has its own cache and publisher")
         if self.cache_blocks < 0:
             raise ValueError(f"--cache-blocks must be >= 0, got {self.cache_blocks}")
         for name, fvalue in (

@@ -25,7 +25,7 @@ class Job:
     """One chat or text completion request, decoded and validated."""
 
     __slots__ = ("chat", "finish", "include_usage", "model", "n_out", "rid",
-                 "scope", "seed", "start", "stream", "texts")  # fmt: skip
+                 "scope", "seed", "start", "stream", "texts", "tokens")  # fmt: skip
 
     def __init__(self, chat: bool, scope: Scope, rid: str, model: str, texts: list[str]) -> None:
         self.chat = chat
@@ -33,6 +33,9 @@ class Job:
         self.rid = rid
         self.model = model
         self.texts = texts
+        # What the prefix cache sees: whitespace words, or real token ids when the
+        # simulator was given a model's tokenizer (set by the app after decoding).
+        self.tokens: list[tuple[str | int, ...]] = [tuple(t.split()) for t in texts]
         self.start = time.perf_counter()
         self.n_out = 0
         self.finish = "stop"

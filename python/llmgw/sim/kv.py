@@ -28,6 +28,9 @@ class KvEventSink(Protocol):
     def all_cleared(self) -> None:
         """The whole cache was dropped."""
 
+    def flush(self) -> None:
+        """The events so far form one batch (one engine step): send them."""
+
 
 class NullSink:
     """A `KvEventSink` that ignores every event (the default: nobody listens)."""
@@ -46,6 +49,9 @@ class NullSink:
 
     def all_cleared(self) -> None:
         """Ignore a clear."""
+
+    def flush(self) -> None:
+        """Nothing to send."""
 
 
 class RecordingSink:
@@ -73,3 +79,7 @@ class RecordingSink:
     def all_cleared(self) -> None:
         """Record a clear."""
         self.events.append(("cleared", ()))
+
+    def flush(self) -> None:
+        """Record a batch boundary."""
+        self.events.append(("flush", ()))
