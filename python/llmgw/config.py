@@ -14,6 +14,9 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
+CONFIG_ENV = "LLMGW_GATEWAY_CONFIG"
+"""How `llmgw gateway` hands its configuration to granian's worker processes."""
+
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
 
@@ -27,6 +30,10 @@ class Endpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     id: str
     url: str
     models: list[str]
+    kv_events: str | None = None
+    """The replica's KV-event publisher (vLLM `--kv-events-config` endpoint), e.g. tcp://10.0.0.5:5557."""
+    kv_replay: str | None = None
+    """Its replay endpoint, e.g. tcp://10.0.0.5:5558; without it a lost batch drops the replica's entries."""
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)

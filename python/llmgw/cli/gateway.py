@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
 import msgspec
 
 from llmgw.config import (
+    CONFIG_ENV,
     ConfigError,
     GatewayConfig,
     ServerFile,
@@ -65,13 +68,15 @@ def serve(cfg: GatewayConfig) -> None:
     from granian.constants import Interfaces, Loops
     from granian.log import LogLevels
 
-    from llmgw.gateway.app import CONFIG_ENV
-
     os.environ[CONFIG_ENV] = encode_gateway(cfg).decode()
     if cfg.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         # Set before the workers fork and before prometheus_client is imported
-        # anywhere, so every worker writes its samples where a scrape reads them.
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="llmgw-metrics-")
+        # anywhere (it picks its value store at import), so every worker writes
+        # its samples where a scrape reads them. Hence nothing here imports the
+        # gateway app in this parent process.
+        metrics_dir = tempfile.mkdtemp(prefix="llmgw-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        atexit.register(shutil.rmtree, metrics_dir, True)
     server = Granian(
         "llmgw.gateway.app:create_app",
         factory=True,

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from llmgw import _core
-from llmgw.config import GatewayConfig, decode_gateway
+from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
 
 from . import body as reqbody
 from .errors import Kind, error_body, truncate
@@ -28,7 +28,6 @@ from .usage import UsageSink
 
 log = logging.getLogger("llmgw.gateway")
 
-CONFIG_ENV = "LLMGW_GATEWAY_CONFIG"
 JSON = "application/json"
 
 # Client headers that are never passed to a replica: hop-by-hop headers, the
