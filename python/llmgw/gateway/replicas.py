@@ -16,6 +16,7 @@ from collections.abc import Callable
 from llmgw import _core
 from llmgw.config import Endpoint, Health
 
+from .engine_load import parse_engine_load
 from .upstream import Pool, UpstreamError
 
 log = logging.getLogger("llmgw.gateway")
@@ -61,6 +62,8 @@ class ReplicaSet:
         self.models: list[str] = sorted({m for e in endpoints for m in e.models})
         self._on_ejection = on_ejection
         self._probe_task: asyncio.Task[None] | None = None
+        self.scrape_load = False
+        """Also read each engine's /metrics at every probe (set when a policy weighs engine load)."""
 
     # -- passive health ------------------------------------------------------------
     def failed(self, r: Replica, why: str) -> None:
@@ -98,7 +101,10 @@ class ReplicaSet:
             await asyncio.sleep(self.health.probe_interval)
 
     async def _probe(self, r: Replica) -> None:
-        ok = await probe(r.pool, self.health.probe_timeout)
+        got = await fetch(r.pool, b"/health", self.health.probe_timeout)
+        ok = got is not None and 200 <= got[0] < 300
+        if ok and self.scrape_load:
+            await self._scrape(r)
         if ok == r.probe_ok:
             return
         r.probe_ok = ok
@@ -109,6 +115,15 @@ class ReplicaSet:
         else:
             log.warning("replica %s fails its health probe; not routing to it", r.id)
             self.router.set_healthy(r.index, False)
+
+    async def _scrape(self, r: Replica) -> None:
+        """Reads the engine's queue and cache use for the policies that weigh them."""
+        got = await fetch(r.pool, b"/metrics", self.health.probe_timeout)
+        if got is None or got[0] != 200:
+            return
+        load = parse_engine_load(got[1].decode("utf-8", "replace"))
+        if load is not None:
+            self.router.set_engine_load(r.index, load.running, load.waiting, load.kv_usage)
 
     async def close(self) -> None:
         """Stops probes and closes pooled connections."""
@@ -124,21 +139,21 @@ class ReplicaSet:
             r.pool.close()
 
 
-async def probe(pool: Pool, timeout: float) -> bool:
-    """GET /health on a replica; True on a 2xx within the timeout."""
+async def fetch(pool: Pool, path: bytes, timeout: float) -> tuple[int, bytes] | None:
+    """GET a path on a replica over its pool; (status, body), or None when it fails."""
     deadline = pool.loop.time() + timeout
     try:
         ex = await pool.get(timeout)
     except UpstreamError:
-        return False
+        return None
     try:
-        head = b"GET /health HTTP/1.1\r\nHost: " + pool.hostport + b"\r\nUser-Agent: llmgw-probe\r\n\r\n"
-        ex.send(head, b"")
+        ex.send(b"GET " + path + b" HTTP/1.1\r\nHost: " + pool.hostport + b"\r\nUser-Agent: llmgw-probe\r\n\r\n", b"")
         status = await ex.read_head(deadline)
-        while await ex.read_chunk(timeout, deadline) is not None:
-            pass
+        parts = []
+        while (chunk := await ex.read_chunk(timeout, deadline)) is not None:
+            parts.append(chunk)
     except UpstreamError:
         ex.close()
-        return False
+        return None
     ex.finish()
-    return 200 <= status < 300
+    return status, b"".join(parts)
