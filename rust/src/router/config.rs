@@ -7,7 +7,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// How a model's replicas are chosen.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyKind {
     /// Each healthy replica in turn.
@@ -116,6 +118,32 @@ impl Default for RoutingConfig {
     }
 }
 
+/// The field that makes `json` fail to parse, found by parsing each field
+/// alone: serde's errors give a line and column, which an operator who wrote
+/// YAML cannot map back. Only runs on the error path.
+fn locate(json: &str) -> Option<String> {
+    let serde_json::Value::Object(fields) = serde_json::from_str(json).ok()? else {
+        return None;
+    };
+    for (k, v) in fields {
+        let alone = serde_json::Value::Object([(k.clone(), v.clone())].into_iter().collect());
+        if serde_json::from_value::<RoutingConfig>(alone).is_ok() {
+            continue;
+        }
+        if let (true, serde_json::Value::Object(inner)) = (k == "weights", &v) {
+            for (wk, wv) in inner {
+                let alone =
+                    serde_json::Value::Object([(wk.clone(), wv.clone())].into_iter().collect());
+                if serde_json::from_value::<Weights>(alone).is_err() {
+                    return Some(format!("`weights.{wk}`"));
+                }
+            }
+        }
+        return Some(format!("`{k}`"));
+    }
+    None
+}
+
 /// A configuration that cannot be used, as a sentence for the operator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError(pub String);
@@ -135,8 +163,9 @@ impl RoutingConfig {
     /// A sentence naming the model, the bad field and what to do.
     pub fn from_json(model: &str, json: &str) -> Result<Self, ConfigError> {
         let config: Self = serde_json::from_str(json).map_err(|e| {
+            let at = locate(json).map_or(String::new(), |f| format!(" in field {f}"));
             ConfigError(format!(
-                "the routing configuration of model {model:?} is not valid: {e}; \
+                "the routing configuration of model {model:?} is not valid{at}: {e}; \
                  fix that field, or leave it out to use its default"
             ))
         })?;
@@ -167,13 +196,21 @@ impl RoutingConfig {
             }
         }
         if !(self.guard_rel.is_finite() && self.guard_rel >= 1.0) {
-            return bad("guard_rel", "a number of 1 or more", self.guard_rel.to_string());
+            return bad(
+                "guard_rel",
+                "a number of 1 or more",
+                self.guard_rel.to_string(),
+            );
         }
         if !(0.0..=1.0).contains(&self.min_match) {
             return bad("min_match", "between 0 and 1", self.min_match.to_string());
         }
         if !(self.tree_ttl_s.is_finite() && self.tree_ttl_s > 0.0) {
-            return bad("tree_ttl_s", "a positive number of seconds", self.tree_ttl_s.to_string());
+            return bad(
+                "tree_ttl_s",
+                "a positive number of seconds",
+                self.tree_ttl_s.to_string(),
+            );
         }
         for (field, v) in [
             ("tree_max_bytes", self.tree_max_bytes),
@@ -189,7 +226,10 @@ impl RoutingConfig {
 
     /// The tree's age limit in milliseconds, the unit the router's clock counts.
     #[must_use]
-    #[expect(clippy::cast_sign_loss, reason = "validated positive; `as` saturates huge values")]
+    #[expect(
+        clippy::cast_sign_loss,
+        reason = "validated positive; `as` saturates huge values"
+    )]
     pub fn ttl_ms(&self) -> u64 {
         (self.tree_ttl_s * 1000.0) as u64
     }

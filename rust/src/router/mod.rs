@@ -22,6 +22,8 @@ pub use reason::{Candidate, Decision, Kind, Reason, Unit};
 pub use tree::{Limits, PrefixTree};
 
 #[cfg(test)]
+mod policy_tests;
+#[cfg(test)]
 mod props;
 #[cfg(test)]
 mod tests;
@@ -296,7 +298,13 @@ impl Router {
 
     /// Chooses a replica for a request body (`chat` for chat completions) and
     /// counts it as outstanding; the prompt is read from the body here.
-    pub fn route(&mut self, model: &str, body: &[u8], chat: bool, exclude: &[usize]) -> Option<Decision> {
+    pub fn route(
+        &mut self,
+        model: &str,
+        body: &[u8],
+        chat: bool,
+        exclude: &[usize],
+    ) -> Option<Decision> {
         let now = self.now();
         self.decide(model, Some((body, chat)), exclude, now)
     }
@@ -330,8 +338,18 @@ impl Router {
 
     /// Records an engine's scraped load; `kv_usage` is clamped to 0..=1 (NaN
     /// reads as 0). False for a bad index.
-    pub fn set_engine_load(&mut self, index: usize, running: u64, waiting: u64, kv_usage: f64) -> bool {
-        let kv_usage = if kv_usage.is_nan() { 0.0 } else { kv_usage.clamp(0.0, 1.0) };
+    pub fn set_engine_load(
+        &mut self,
+        index: usize,
+        running: u64,
+        waiting: u64,
+        kv_usage: f64,
+    ) -> bool {
+        let kv_usage = if kv_usage.is_nan() {
+            0.0
+        } else {
+            kv_usage.clamp(0.0, 1.0)
+        };
         self.replicas
             .get_mut(index)
             .map(|r| {

@@ -263,20 +263,28 @@ mod tests {
     fn next_turn_extends_the_previous_rendering() {
         let one = br#"{"messages":[{"role":"user","content":"a"}]}"#;
         let two = br#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#;
-        assert!(render_chat(two).unwrap().starts_with(&render_chat(one).unwrap()));
+        assert!(render_chat(two)
+            .unwrap()
+            .starts_with(&render_chat(one).unwrap()));
     }
 
     #[test]
     fn bad_chat_bodies_give_none() {
         assert_eq!(render_chat(b"not json"), None);
         assert_eq!(render_chat(br#"{"prompt":"x"}"#), None);
-        assert_eq!(render_chat(br#"{"messages":[{"role":"user","content":5}]}"#), None);
+        assert_eq!(
+            render_chat(br#"{"messages":[{"role":"user","content":5}]}"#),
+            None
+        );
     }
 
     #[test]
     fn completion_prompts() {
         let one = br#"{"prompt":"hello","max_tokens":3}"#;
-        assert!(matches!(render_completion(one), Some(Cow::Borrowed("hello"))));
+        assert!(matches!(
+            render_completion(one),
+            Some(Cow::Borrowed("hello"))
+        ));
         let many = br#"{"prompt":["a","b"]}"#;
         assert_eq!(render_completion(many).unwrap(), "a\nb");
         let ids = br#"{"prompt":[1,2,3]}"#;

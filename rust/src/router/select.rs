@@ -47,7 +47,11 @@ fn guarded(load: u64, min: u64, c: &RoutingConfig) -> bool {
 /// half the term rather than all of it, and a gap matters less as loads grow.
 fn score(c: &Cand, total: usize, max_load: u64, max_wait: u64, cfg: &RoutingConfig) -> f64 {
     let w = &cfg.weights;
-    let prefix = if total == 0 { 0.0 } else { c.matched as f64 / total as f64 };
+    let prefix = if total == 0 {
+        0.0
+    } else {
+        c.matched as f64 / total as f64
+    };
     let load = 1.0 - c.load as f64 / (max_load as f64 + 1.0);
     let queue = 1.0 - c.engine.waiting as f64 / (max_wait as f64 + 1.0);
     let kv = 1.0 - c.engine.kv_usage;
