@@ -95,32 +95,64 @@ def inspect_json(
 
 @final
 class Router:
-    """The replica table of one gateway worker and the balancing policy.
+    """The replica table of one gateway worker and its routing policies.
 
     Replicas are addressed by their index in the list given to `set_replicas`.
+    Each model is routed by its own configuration (`configure`); a model never
+    configured uses the defaults (least load).
     """
 
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Self: ...
     def set_replicas(self, replicas: list[tuple[str, list[str]]]) -> None:
         """Replaces the table with (replica id, served model names) pairs.
 
-        Outstanding counts and health of replicas whose id stays are kept."""
+        Outstanding counts, health, engine load and cached prefixes of replicas
+        whose id stays are kept; a replica that leaves loses its prefixes."""
+
+    def configure(self, model: str, config: dict[str, object] | str) -> None:
+        """Sets a model's routing configuration, a dict (or its JSON text) with
+        any of: `policy` ("round_robin", "least_load", "power_of_two", "prefix",
+        "kv", "scored"), `weights` ({"prefix", "load", "queue", "kv_usage"}),
+        `guard_abs`, `guard_rel`, `min_match`, `tree_max_bytes`,
+        `tree_max_nodes`, `tree_ttl_s`, `max_prompt_bytes`. Fields left out take
+        their defaults (see `status(model)["config"]`). Raises ValueError with a
+        sentence naming the bad field."""
 
     def pick(self, model: str, exclude: list[int] | None = None) -> int | None:
-        """Least outstanding requests among healthy replicas serving `model`, not in
-        `exclude`; ties go round robin. Counts the request as outstanding on the
-        chosen replica (call `release` when it ends). None when there is none."""
+        """Chooses a healthy replica serving `model`, not in `exclude`, without
+        looking at the prompt (prompt-aware policies use the least loaded).
+        Counts the request as outstanding on it (call `release` when it ends).
+        None when there is none."""
+
+    def route(
+        self, model: str, body: bytes, chat: bool, exclude: list[int] | None = None
+    ) -> tuple[int, str] | None:
+        """Like `pick`, for a request body: the prompt (a chat's whole rendered
+        conversation when `chat`, else the completion's `prompt`) is read from
+        the body in Rust. Returns the index and the reason as compact JSON:
+        policy, kind, unit, matched, total, guard, fallback, candidates."""
 
     def release(self, index: int) -> None:
         """Ends one outstanding request on a replica."""
 
     def set_healthy(self, index: int, healthy: bool) -> None: ...
+    def set_engine_load(self, index: int, running: int, waiting: int, kv_usage: float) -> None:
+        """Records what the engine's /metrics said: `vllm:num_requests_running`,
+        `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (clamped to 0..1)."""
+
     def is_healthy(self, index: int) -> bool: ...
     def outstanding(self, index: int) -> int: ...
     def has_model(self, model: str) -> bool:
         """True when any replica (healthy or not) serves `model`."""
 
     def healthy_count(self) -> int: ...
+    def status(self, model: str) -> dict[str, object]:
+        """The model's configuration, the policy in force (`effective`) and why it
+        differs or matches approximately (`why`), replica counts, tree size, and
+        whether a KV oracle and a tokenizer are attached."""
+
+    def decisions(self) -> dict[str, int]:
+        """Decisions so far, keyed "model|policy|kind", for /metrics."""
 
 def patch_request(body: bytes, model: str | None, include_usage: bool) -> bytes:
     """Changes a JSON request body in place of a re-encode: sets the top-level

@@ -1,14 +1,16 @@
-//! The `llmgw._core` extension module: thin bindings over `stream` and `router`.
+//! The `llmgw._core` extension module: thin bindings over `stream` and `router`
+//! (the router's in `router.rs`).
 //!
 //! `StreamTap` and `Router` are mutated from one Python thread per request, so
 //! they are plain pyclasses taking `&mut self`; the borrow check is one flag.
 
-use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod router;
+
 use crate::request;
-use crate::router;
 use crate::stream::{self, Rename};
 
 /// Turns an optional (from, to) pair into a rename; one without the other is a mistake.
@@ -196,80 +198,6 @@ fn patch_request<'py>(
     }
 }
 
-/// The replica table of one gateway worker and the balancing policy.
-///
-/// Bad indexes raise `IndexError` except in `release`, which ignores them.
-#[pyclass(module = "llmgw._core", name = "Router")]
-pub struct Router {
-    inner: router::Router,
-}
-
-/// Converts a Python index, raising `IndexError` when it is out of range.
-fn index(r: &router::Router, i: i64) -> PyResult<usize> {
-    usize::try_from(i)
-        .ok()
-        .filter(|&i| i < r.replicas().len())
-        .ok_or_else(|| PyIndexError::new_err("replica index out of range"))
-}
-
-#[pymethods]
-impl Router {
-    #[new]
-    fn new() -> Self {
-        Self {
-            inner: router::Router::new(),
-        }
-    }
-
-    /// Replaces the table with (replica id, served model names) pairs.
-    fn set_replicas(&mut self, replicas: Vec<(String, Vec<String>)>) {
-        self.inner.set_replicas(replicas);
-    }
-
-    /// Least outstanding requests among healthy replicas serving `model`.
-    #[pyo3(signature = (model, exclude = None))]
-    fn pick(&mut self, model: &str, exclude: Option<Vec<i64>>) -> Option<usize> {
-        let exclude: Vec<usize> = exclude
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|i| usize::try_from(i).ok())
-            .collect();
-        self.inner.pick(model, &exclude).map(|d| d.index)
-    }
-
-    /// Ends one outstanding request on a replica.
-    fn release(&mut self, index: i64) {
-        if let Ok(i) = usize::try_from(index) {
-            self.inner.release(i);
-        }
-    }
-
-    fn set_healthy(&mut self, index: i64, healthy: bool) -> PyResult<()> {
-        let i = self::index(&self.inner, index)?;
-        self.inner.set_healthy(i, healthy);
-        Ok(())
-    }
-
-    fn is_healthy(&self, index: i64) -> PyResult<bool> {
-        let i = self::index(&self.inner, index)?;
-        Ok(self.inner.replica(i).is_some_and(|r| r.healthy))
-    }
-
-    fn outstanding(&self, index: i64) -> PyResult<u64> {
-        let i = self::index(&self.inner, index)?;
-        Ok(self.inner.replica(i).map_or(0, |r| r.outstanding))
-    }
-
-    /// True when any replica (healthy or not) serves `model`.
-    fn has_model(&self, model: &str) -> bool {
-        self.inner.has_model(model)
-    }
-
-    fn healthy_count(&self) -> usize {
-        self.inner.healthy_count()
-    }
-}
-
 /// The `llmgw._core` module.
 #[pymodule]
 #[pyo3(name = "_core")]
@@ -277,7 +205,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<StreamTap>()?;
     m.add_class::<JsonSummary>()?;
-    m.add_class::<Router>()?;
+    m.add_class::<router::Router>()?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(patch_request, m)?)?;
     Ok(())

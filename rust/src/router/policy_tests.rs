@@ -1,0 +1,420 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The policies, the load guard, reasons and the precise-mode seam.
+
+use std::sync::Arc;
+
+use super::tests::{pick, table};
+use super::*;
+
+fn four() -> Router {
+    let mut r = Router::with_seed(7);
+    r.set_replicas(table(&[
+        ("a", &["m"]),
+        ("b", &["m"]),
+        ("c", &["m"]),
+        ("d", &["m"]),
+    ]));
+    r
+}
+
+fn policy(r: &mut Router, p: PolicyKind) {
+    let c = RoutingConfig {
+        policy: p,
+        ..RoutingConfig::default()
+    };
+    r.configure("m", c).unwrap();
+}
+
+fn body(prompt: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({ "prompt": prompt })).unwrap()
+}
+
+fn route(r: &mut Router, prompt: &str, now: u64) -> Decision {
+    r.route_at("m", &body(prompt), false, &[], now).unwrap()
+}
+
+#[test]
+fn round_robin_ignores_load_and_skips_unhealthy() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::RoundRobin);
+    r.set_healthy(2, false);
+    let seen: Vec<_> = (0..6).map(|_| pick(&mut r, "m").unwrap()).collect();
+    assert_eq!(seen, [0, 1, 3, 0, 1, 3]);
+    assert_eq!(r.pick("m", &[]).unwrap().reason.kind, Kind::Rotation);
+}
+
+#[test]
+fn power_of_two_prefers_the_less_loaded_of_two() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::PowerOfTwo);
+    // Load replica 0 heavily: with two draws it can win only when drawn twice,
+    // which distinct draws rule out.
+    for _ in 0..50 {
+        r.pick("m", &[]);
+    }
+    let counts: Vec<u64> = r.replicas().iter().map(|x| x.outstanding).collect();
+    assert_eq!(counts.iter().sum::<u64>(), 50);
+    let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+    assert!(max - min <= 2, "{counts:?}");
+    assert_eq!(r.pick("m", &[]).unwrap().reason.kind, Kind::PowerOfTwo);
+    r.set_healthy(1, false);
+    r.set_healthy(2, false);
+    r.set_healthy(3, false);
+    assert_eq!(pick(&mut r, "m"), Some(0));
+}
+
+#[test]
+fn prefix_follows_the_longest_match_and_reports_it() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::Prefix);
+    let sys = "You are a helpful assistant. ".repeat(10);
+    let first = route(&mut r, &format!("{sys}question one"), 0);
+    assert_eq!(first.reason.kind, Kind::CacheMiss);
+    r.release(first.index);
+    let second = route(&mut r, &format!("{sys}question two"), 1);
+    assert_eq!(second.index, first.index);
+    assert_eq!(second.reason.kind, Kind::CacheHit);
+    assert_eq!(second.reason.unit, Some(Unit::Bytes));
+    assert_eq!(second.reason.matched, sys.len() + "question ".len());
+    assert_eq!(second.reason.total, sys.len() + "question two".len());
+    assert!(!second.reason.guard);
+    let json = second.reason.to_json();
+    assert!(
+        json.starts_with(r#"{"policy":"prefix","kind":"cache_hit","unit":"bytes","matched":"#),
+        "{json}"
+    );
+    // A prompt with nothing in common goes to the least loaded replica.
+    let other = route(&mut r, "entirely different", 2);
+    assert_eq!(other.reason.kind, Kind::CacheMiss);
+    assert_ne!(other.index, first.index);
+    // pick() has no prompt: least load, and says so.
+    assert_eq!(r.pick("m", &[]).unwrap().reason.kind, Kind::NoPrompt);
+}
+
+#[test]
+fn load_guard_overrides_the_cache_only_past_both_thresholds() {
+    let mut r = four();
+    let c = RoutingConfig {
+        policy: PolicyKind::Prefix,
+        guard_abs: 3,
+        guard_rel: 2.0,
+        ..RoutingConfig::default()
+    };
+    r.configure("m", c).unwrap();
+    let p = "shared prefix ".repeat(20);
+    let hot = route(&mut r, &p, 0).index;
+    // Never released: the hot replica's load grows while others stay idle.
+    let mut seen = Vec::new();
+    let mut guarded_json = String::new();
+    for t in 1..=5 {
+        let d = route(&mut r, &p, t);
+        if d.reason.guard {
+            guarded_json = d.reason.to_json();
+        }
+        seen.push((d.index == hot, d.reason.kind, d.reason.guard));
+    }
+    // Loads 1, 2, 3 are within min(0) + 3; at 4 the guard holds (4 > 3 and
+    // 4 > 0). The replica that took the guarded request now holds the prefix
+    // too, so the next request is a hit there.
+    assert_eq!(
+        seen,
+        [
+            (true, Kind::CacheHit, false),
+            (true, Kind::CacheHit, false),
+            (true, Kind::CacheHit, false),
+            (false, Kind::Guarded, true),
+            (false, Kind::CacheHit, false),
+        ]
+    );
+    assert!(
+        guarded_json.contains(r#""kind":"guarded","unit":"bytes","matched":0,"#),
+        "{guarded_json}"
+    );
+    assert!(guarded_json.contains(r#""guard":true"#), "{guarded_json}");
+    // The relative threshold: with every other replica at 2, 5 is not > 2 * 2.5.
+    let mut r = four();
+    let c = RoutingConfig {
+        policy: PolicyKind::Prefix,
+        guard_abs: 1,
+        guard_rel: 2.5,
+        ..RoutingConfig::default()
+    };
+    r.configure("m", c).unwrap();
+    let hot = route(&mut r, &p, 0).index;
+    for i in 0..4 {
+        if i != hot {
+            r.pick("m", &[hot]);
+            r.pick("m", &[hot]);
+        }
+    }
+    for _ in 0..4 {
+        r.pick(
+            "m",
+            &[0, 1, 2, 3]
+                .into_iter()
+                .filter(|&i| i != hot)
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(r.replica(hot).unwrap().outstanding, 5);
+    let d = route(&mut r, &p, 1);
+    assert_eq!((d.index, d.reason.kind), (hot, Kind::CacheHit));
+    let d = route(&mut r, &p, 2);
+    assert_eq!(d.reason.kind, Kind::Guarded);
+}
+
+#[test]
+fn chat_is_matched_on_the_whole_conversation() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::Prefix);
+    let turn1 = br#"{"messages":[{"role":"system","content":"Long shared system prompt for everyone."},{"role":"user","content":"Tell me about cats, in detail."}]}"#;
+    let turn2 = br#"{"messages":[{"role":"system","content":"Long shared system prompt for everyone."},{"role":"user","content":"Tell me about cats, in detail."},{"role":"assistant","content":"Cats are..."},{"role":"user","content":"And dogs?"}]}"#;
+    let a = r.route_at("m", turn1, true, &[], 0).unwrap();
+    let b = r.route_at("m", turn2, true, &[], 1).unwrap();
+    assert_eq!((b.index, b.reason.kind), (a.index, Kind::CacheHit));
+    assert_eq!(b.reason.matched, prompt::render_chat(turn1).unwrap().len());
+    // An unreadable body still routes, by load.
+    let c = r.route_at("m", b"{", true, &[], 2).unwrap();
+    assert_eq!(c.reason.kind, Kind::NoPrompt);
+}
+
+#[test]
+fn prefix_claims_expire_with_the_ttl() {
+    let mut r = four();
+    let c = RoutingConfig {
+        policy: PolicyKind::Prefix,
+        tree_ttl_s: 1.0,
+        ..RoutingConfig::default()
+    };
+    r.configure("m", c).unwrap();
+    let p = "x".repeat(100);
+    let a = route(&mut r, &p, 0);
+    r.release(a.index);
+    assert_eq!(route(&mut r, &p, 1000).reason.kind, Kind::CacheHit);
+    r.release(a.index);
+    assert_eq!(route(&mut r, &p, 2001).reason.kind, Kind::CacheMiss);
+}
+
+#[test]
+fn scored_weighs_match_against_load_and_engine_metrics() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::Scored);
+    let p = "a long common prefix ".repeat(30);
+    let first = route(&mut r, &p, 0);
+    r.release(first.index);
+    let d = route(&mut r, &p, 1);
+    assert_eq!((d.index, d.reason.kind), (first.index, Kind::Scored));
+    assert_eq!(d.reason.candidates.len(), 4);
+    assert!(d.reason.candidates.iter().all(|c| c.score.is_some()));
+    r.release(d.index);
+    // A full queue and KV cache on the cached replica outweigh the match.
+    r.set_engine_load(first.index, 8, 40, 1.0);
+    let c = RoutingConfig {
+        policy: PolicyKind::Scored,
+        weights: Weights {
+            prefix: 1.0,
+            load: 0.0,
+            queue: 3.0,
+            kv_usage: 3.0,
+        },
+        ..RoutingConfig::default()
+    };
+    r.configure("m", c).unwrap();
+    let d = route(&mut r, &p, 2);
+    assert_ne!(d.index, first.index);
+    let st = r.status("m");
+    assert_eq!(st.effective, PolicyKind::Scored);
+    assert!(st.why.unwrap().contains("no tokenizer"));
+}
+
+#[test]
+fn exclude_and_unhealthy_are_never_chosen_by_cache() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::Prefix);
+    let p = "cached prompt ".repeat(10);
+    let a = route(&mut r, &p, 0).index;
+    let d = r.route_at("m", &body(&p), false, &[a], 1).unwrap();
+    assert_ne!(d.index, a);
+    r.set_healthy(d.index, false);
+    r.set_healthy(a, false);
+    let third = route(&mut r, &p, 2);
+    assert!(third.index != a && third.index != d.index);
+}
+
+#[test]
+fn decisions_are_counted_by_model_policy_and_kind() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::Prefix);
+    route(&mut r, "p", 0);
+    route(&mut r, "p", 1);
+    r.pick("m", &[]);
+    assert_eq!(
+        r.decisions(),
+        [
+            ("m|prefix|cache_hit".to_owned(), 1),
+            ("m|prefix|cache_miss".to_owned(), 1),
+            ("m|prefix|no_prompt".to_owned(), 1),
+        ]
+    );
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let e = RoutingConfig::from_json("m", r#"{"polcy":"prefix"}"#).unwrap_err();
+    assert!(e.0.contains("unknown field `polcy`"), "{e}");
+    let e = RoutingConfig::from_json("m", r#"{"policy":"fastest"}"#).unwrap_err();
+    assert!(e.0.contains("unknown variant `fastest`"), "{e}");
+    let e = RoutingConfig::from_json("m", r#"{"guard_rel":0.5}"#).unwrap_err();
+    assert_eq!(
+        e.0,
+        "the routing configuration of model \"m\" has guard_rel = 0.5, but it must be \
+         a number of 1 or more; change it, or leave it out to use the default"
+    );
+    let e =
+        RoutingConfig::from_json("m", r#"{"policy":"prefix","weights":{"load":"x"}}"#).unwrap_err();
+    assert!(
+        e.0.contains("is not valid in field `weights.load`: invalid type"),
+        "{e}"
+    );
+    let e = RoutingConfig::from_json("m", r#"{"guard_abs":-3}"#).unwrap_err();
+    assert!(e.0.contains("in field `guard_abs`"), "{e}");
+    let e = RoutingConfig::from_json("m", r#"{"weights":{"load":-1}}"#).unwrap_err();
+    assert!(e.0.contains("weights.load"), "{e}");
+    let c = RoutingConfig::from_json("m", r#"{"policy":"kv","guard_abs":9}"#).unwrap();
+    assert_eq!(
+        (c.policy, c.guard_abs, c.guard_rel),
+        (PolicyKind::Kv, 9, 1.5)
+    );
+}
+
+/// Tokens are the body's bytes; replica "c" holds the first 6.
+struct Bytes;
+impl PromptTokenizer for Bytes {
+    fn tokens(&self, body: &[u8], _chat: bool) -> Option<Vec<u32>> {
+        (body != b"bad").then(|| body.iter().map(|&b| u32::from(b)).collect())
+    }
+}
+struct HoldsSix;
+impl PrefixOracle for HoldsSix {
+    fn matches(&self, tokens: &[u32], lora_id: Option<i64>, out: &mut Vec<(Arc<str>, u32)>) {
+        assert_eq!(lora_id, None);
+        out.push((Arc::from("c"), 6.min(tokens.len() as u32)));
+        out.push((Arc::from("gone"), 99));
+    }
+}
+
+#[test]
+fn kv_uses_the_oracle_and_falls_back_to_prefix_without_a_tokenizer() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::Kv);
+    let st = r.status("m");
+    assert_eq!(
+        (st.config.policy, st.effective),
+        (PolicyKind::Kv, PolicyKind::Prefix)
+    );
+    assert!(st.why.unwrap().starts_with("no tokenizer"));
+    let d = r.route_at("m", b"0123456789", false, &[], 0);
+    // Not a JSON body: approximate mode cannot read it either.
+    assert_eq!(d.unwrap().reason.policy, PolicyKind::Prefix);
+    r.set_oracle("m", Some(Arc::new(HoldsSix)));
+    assert!(r.status("m").why.unwrap().starts_with("no tokenizer"));
+    r.set_tokenizer("m", Some(Arc::new(Bytes)));
+    let st = r.status("m");
+    assert_eq!(
+        (st.effective, st.why, st.oracle, st.tokenizer),
+        (PolicyKind::Kv, None, true, true)
+    );
+    assert!(r.tokenizes("m"));
+    let d = r.route_at("m", b"0123456789", false, &[], 1).unwrap();
+    assert_eq!(
+        (d.index, d.reason.kind, d.reason.unit),
+        (2, Kind::CacheHit, Some(Unit::Tokens))
+    );
+    assert_eq!((d.reason.matched, d.reason.total), (6, 10));
+    let mut held: Vec<_> = d
+        .reason
+        .candidates
+        .iter()
+        .map(|c| (c.index, c.matched))
+        .collect();
+    held.sort_unstable();
+    assert_eq!(held, [(0, 0), (1, 0), (2, 6), (3, 0)]);
+    // Precise mode keeps the approximate tree out of it.
+    assert_eq!(r.status("m").tree_nodes, 0);
+    // A body the tokenizer cannot read is matched approximately, and says so.
+    let d = r.route_at("m", b"bad", false, &[], 2).unwrap();
+    assert_eq!(d.reason.policy, PolicyKind::Prefix);
+    assert!(d
+        .reason
+        .fallback
+        .unwrap()
+        .contains("tokenizer could not read"));
+}
+
+#[test]
+fn status_of_an_unknown_model_shows_the_defaults() {
+    let r = four();
+    let st = r.status("nobody");
+    assert_eq!(
+        (st.config, st.effective, st.replicas),
+        (RoutingConfig::default(), PolicyKind::LeastLoad, 0)
+    );
+    let st = r.status("m");
+    assert_eq!((st.replicas, st.healthy), (4, 4));
+}
+
+#[test]
+fn replicas_that_leave_lose_their_prefixes_and_movers_keep_them() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::Prefix);
+    let p = "the same long prompt ".repeat(5);
+    let first = route(&mut r, &p, 0).index;
+    r.release(first);
+    let id = r.replica(first).unwrap().id.clone();
+    // Reversed table: the replica moves to another index, with its prefixes.
+    let mut ids: Vec<String> = r.replicas().iter().map(|x| x.id.clone()).collect();
+    ids.reverse();
+    r.set_replicas(ids.iter().map(|i| (i.clone(), vec!["m".to_owned()])));
+    let d = route(&mut r, &p, 1);
+    assert_eq!(
+        (r.replica(d.index).unwrap().id.as_str(), d.reason.kind),
+        (id.as_str(), Kind::CacheHit)
+    );
+    r.release(d.index);
+    r.set_replicas(
+        ids.iter()
+            .filter(|i| **i != id)
+            .map(|i| (i.clone(), vec!["m".to_owned()])),
+    );
+    let bytes = r.status("m").tree_bytes;
+    assert_eq!(bytes, 0);
+}
+
+/// Not a benchmark harness: prints ns per `route()` for the figure in reports.
+#[test]
+fn route_speed_prefix_mode() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::Prefix);
+    let sys = "You are a careful assistant who answers briefly. ".repeat(40);
+    let bodies: Vec<Vec<u8>> = (0..64)
+        .map(|i| {
+            let p = format!("{}{i:04} {}", &sys[..1900], "q".repeat(95));
+            serde_json::to_vec(&serde_json::json!({"messages": [{"role": "user", "content": p}]}))
+                .unwrap()
+        })
+        .collect();
+    let n = if cfg!(debug_assertions) {
+        2_000
+    } else {
+        200_000
+    };
+    let start = std::time::Instant::now();
+    for k in 0..n {
+        let d = r
+            .route_at("m", &bodies[k % bodies.len()], true, &[], k as u64)
+            .unwrap();
+        r.release(d.index);
+    }
+    let ns = start.elapsed().as_nanos() / n as u128;
+    println!("route() prefix mode, 4 replicas, ~2k-char chat prompt: {ns} ns/route ({n} routes)");
+}

@@ -1,0 +1,64 @@
+"""_core.Router's Python surface: configuration errors, route reasons, counters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmgw import _core
+
+
+def _router() -> _core.Router:
+    r = _core.Router()
+    r.set_replicas([("a", ["m"]), ("b", ["m"]), ("c", ["m"])])
+    return r
+
+
+def _chat(*turns: tuple[str, str]) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": k, "content": v} for k, v in turns]}).encode()
+
+
+def test_route_follows_the_conversation_and_explains_itself() -> None:
+    r = _router()
+    r.configure("m", {"policy": "prefix"})
+    first = _chat(("system", "S" * 400), ("user", "hello"))
+    got = r.route("m", first, True)
+    assert got is not None
+    i, reason = got
+    assert json.loads(reason)["kind"] == "cache_miss"
+    assert r.outstanding(i) == 1
+    r.release(i)
+    second = _chat(("system", "S" * 400), ("user", "hello"), ("assistant", "hi"), ("user", "more"))
+    got = r.route("m", second, True, [])
+    assert got is not None and got[0] == i
+    why = json.loads(got[1])
+    assert (why["policy"], why["kind"], why["unit"], why["guard"]) == ("prefix", "cache_hit", "bytes", False)
+    assert why["matched"] < why["total"]
+    assert r.route("m", second, True, [0, 1, 2]) is None
+    assert r.decisions() == {"m|prefix|cache_hit": 1, "m|prefix|cache_miss": 1}
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"polcy": "prefix"}, "polcy"),
+        ({"policy": "fastest"}, "policy"),
+        ({"guard_rel": 0.5}, "guard_rel"),
+        ({"weights": {"queue": "high"}}, "weights.queue"),
+    ],
+)
+def test_configure_names_the_bad_field(config: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=f'model "m".*{field}'):
+        _router().configure("m", config)
+
+
+def test_status_says_why_kv_falls_back() -> None:
+    r = _router()
+    r.configure("m", '{"policy": "kv"}')
+    st = r.status("m")
+    assert (st["policy"], st["effective"], st["tokenizer"]) == ("kv", "prefix", False)
+    assert isinstance(st["why"], str) and "tokenizer" in st["why"]
+    r.set_engine_load(0, 1, 2, 0.5)
+    with pytest.raises(IndexError):
+        r.set_engine_load(7, 1, 2, 0.5)
