@@ -97,6 +97,10 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     health: Health = msgspec.field(default_factory=Health)
     usage_log: str | None = None
     """Append one JSON line per finished request to this file (batched, off the request path)."""
+    routing: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    """Per served model: the routing policy and its settings (`policy`, `weights`, `guard_abs`,
+    ...; validated by the Rust router, which holds their defaults), plus `tokenizer`, a model
+    directory that makes `kv` mode precise."""
 
     def __post_init__(self) -> None:
         ids = [e.id for e in self.endpoints]
@@ -104,6 +108,12 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         if dup:
             raise ValueError(f"endpoint ids must be unique; repeated: {', '.join(sorted(dup))}")
         served = {m for e in self.endpoints for m in e.models}
+        for model, settings in self.routing.items():
+            if model not in served:
+                raise ValueError(f"routing is set for model {model!r}, which no endpoint serves")
+            tok = settings.get("tokenizer")
+            if tok is not None and not isinstance(tok, str):
+                raise ValueError(f"routing.{model}.tokenizer must be a directory path")
         for alias, target in self.aliases.items():
             if target not in served:
                 raise ValueError(

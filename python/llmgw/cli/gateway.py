@@ -57,9 +57,14 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
             raw[key] = value
     where = f"configuration file {args.config}" if args.config else "gateway configuration"
     try:
-        return msgspec.convert({"gateway": raw}, ServerFile, strict=True).gateway
+        cfg = msgspec.convert({"gateway": raw}, ServerFile, strict=True).gateway
     except msgspec.ValidationError as e:
         raise ConfigError(f"{where} is invalid: {e}") from e
+    # The router's own checks, here rather than in each worker after the fork.
+    from llmgw.gateway.routing import validate
+
+    validate(cfg.routing, [(e.id, e.models) for e in cfg.endpoints])
+    return cfg
 
 
 def serve(cfg: GatewayConfig) -> None:

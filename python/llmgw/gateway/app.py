@@ -20,6 +20,7 @@ from llmgw import _core
 from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
 
 from . import body as reqbody
+from . import routing
 from .errors import Kind, error_body, truncate
 from .metrics import Metrics
 from .proxy import Call, Proxy
@@ -76,7 +77,8 @@ class Gateway:
     # -- RSGI hooks ---------------------------------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.replicas = ReplicaSet(loop, self.cfg.endpoints, self.cfg.health)
-        self.metrics = Metrics(self._replica_snapshot)
+        self.replicas.scrape_load = routing.configure(self.replicas.router, self.cfg.routing)
+        self.metrics = Metrics(self._replica_snapshot, self.replicas.router.decisions)
         self.replicas._on_ejection = self.metrics.ejection
         t = self.cfg.timeouts
         self.proxy = Proxy(

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # Latency buckets for an LLM gateway span both a sub-millisecond relay of a cached
@@ -31,10 +31,12 @@ TABLE: dict[str, tuple[type, str, tuple[str, ...]]] = {
 class _ReplicaCollector(Collector):
     """In-flight and health per replica, read from the router at scrape time."""
 
-    def __init__(self, snapshot: Callable[[], list[tuple[str, int, bool]]]) -> None:
+    def __init__(self, snapshot: Callable[[], list[tuple[str, int, bool]]],
+                 decisions: Callable[[], dict[str, int]]) -> None:
         self._snapshot = snapshot
+        self._decisions = decisions
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         inflight = GaugeMetricFamily("llmgw_replica_in_flight", "Requests outstanding on a replica.", labels=["replica"])
         healthy = GaugeMetricFamily("llmgw_replica_healthy", "1 when the replica is routed to.", labels=["replica"])
         for rid, n, ok in self._snapshot():
@@ -42,12 +44,20 @@ class _ReplicaCollector(Collector):
             healthy.add_metric([rid], 1 if ok else 0)
         yield inflight
         yield healthy
+        # Counted in Rust per decision; keys are "model|policy|kind".
+        routed = CounterMetricFamily("llmgw_routing_decisions", "Routing decisions by model, policy used and kind "
+                                     "(cache_hit, cache_miss, guarded, least_load, ...).", labels=["model", "policy", "kind"])
+        for key, n in self._decisions().items():
+            model, policy, kind = key.split("|", 2)
+            routed.add_metric([model, policy, kind], n)
+        yield routed
 
 
 class Metrics:
     """The metrics of one gateway worker."""
 
-    def __init__(self, replicas: Callable[[], list[tuple[str, int, bool]]]) -> None:
+    def __init__(self, replicas: Callable[[], list[tuple[str, int, bool]]],
+                 decisions: Callable[[], dict[str, int]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         made: dict[str, Counter | Histogram] = {}
         for name, (cls, doc, labels) in TABLE.items():
@@ -57,9 +67,9 @@ class Metrics:
                 made[name] = Histogram(base, doc, labels, registry=self.registry, buckets=_LATENCY)
             else:
                 made[name] = cls(base, doc, labels, registry=self.registry)
-        self.registry.register(_ReplicaCollector(replicas))
+        self.registry.register(_ReplicaCollector(replicas, decisions))
         self._replica_registry = CollectorRegistry(auto_describe=False)
-        self._replica_registry.register(_ReplicaCollector(replicas))
+        self._replica_registry.register(_ReplicaCollector(replicas, decisions))
         self._requests = made["llmgw_requests_total"]
         self._duration = made["llmgw_request_duration_seconds"]
         self._ttft = made["llmgw_time_to_first_token_seconds"]

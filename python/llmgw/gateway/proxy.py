@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+import msgspec
 from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
@@ -64,6 +65,7 @@ class Call:
         "replica",
         "retries",
         "rid",
+        "route",
         "started_at",
         "status",
         "stream",
@@ -94,6 +96,7 @@ class Call:
         self.finish: str | None = None
         self.http_status = 200
         self.status = "ok"
+        self.route: str | None = None
 
     def client_gone(self, _: object = None) -> None:
         """The client disconnected: abort whatever upstream exchange is running."""
@@ -169,9 +172,10 @@ class Proxy:
         deadline = self.loop.time() + self.total
         tried: list[int] = []
         last: Failure | None = None
+        chat = path == b"/v1/chat/completions"
         while True:
-            idx = self.router.pick(call.target, tried or None)
-            if idx is None:
+            picked = self.router.route(call.target, body, chat, tried or None)
+            if picked is None:
                 if last is not None:
                     raise last
                 raise Failure(
@@ -180,6 +184,7 @@ class Proxy:
                     f"retry after {self.retry_after}s, and check the replicas' health if it persists",
                     "no_replica", retry_after=self.retry_after,
                 )
+            idx, call.route = picked
             r = self.replicas.replicas[idx]
             tried.append(idx)
             try:
@@ -382,6 +387,7 @@ class Proxy:
             ttft_ms=None if call.ttft is None else round(call.ttft * 1000, 3),
             duration_ms=round(duration * 1000, 3), finish_reason=call.finish,
             retries=call.retries, started_at=call.started_at,
+            route=None if call.route is None else msgspec.Raw(call.route.encode()),
         ))
 
 

@@ -39,6 +39,8 @@ class UsageRecord(msgspec.Struct, omit_defaults=False):
     finish_reason: str | None
     retries: int
     started_at: float
+    route: msgspec.Raw | None = None
+    """The router's decision: policy, matched prefix, candidates' scores (JSON from Rust)."""
     principal: str | None = None
     """Who made the request; set by the tenancy issue's authentication."""
 

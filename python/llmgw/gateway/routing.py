@@ -1,0 +1,40 @@
+"""Applying the per-model routing configuration to the Rust router.
+
+The settings of each policy and their defaults live in one place, the Rust
+router (`rust/src/router/config.rs`); Python passes the operator's mapping
+through and reports the router's own sentence when a field is wrong. Only
+`tokenizer` is read here: it names files the worker must load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmgw import _core
+from llmgw.config import ConfigError
+
+# Policies that weigh what the engines report in /metrics.
+_SCRAPING = frozenset({"scored"})
+
+
+def configure(router: _core.Router, routing: dict[str, dict[str, Any]]) -> bool:
+    """Configures every model's policy; True when some policy needs engine load scrapes.
+
+    Raises ConfigError naming the model and field when the router refuses a setting.
+    """
+    scrape = False
+    for model, settings in routing.items():
+        rest = {k: v for k, v in settings.items() if k != "tokenizer"}
+        try:
+            router.configure(model, rest)
+        except ValueError as e:
+            raise ConfigError(f"gateway.routing.{model}: {e}") from e
+        scrape = scrape or rest.get("policy") in _SCRAPING
+    return scrape
+
+
+def validate(routing: dict[str, dict[str, Any]], models: list[tuple[str, list[str]]]) -> None:
+    """Checks the routing settings at start-up, before any worker exists."""
+    router = _core.Router()
+    router.set_replicas(models)
+    configure(router, routing)
