@@ -1,6 +1,6 @@
-//! The KV-event index fed batches byte for byte as vLLM and SGLang publish them:
+//! The KV-event index fed batches byte for byte as vLLM and `SGLang` publish them:
 //! fixtures made by msgspec (tests/fixtures/kv/gen.py) and hand-built ones.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::many_single_char_names)]
 
 #[path = "kv/msgpack.rs"]
 mod msgpack;

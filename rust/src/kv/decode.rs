@@ -1,7 +1,7 @@
-//! Decoding of vLLM's (and SGLang's) KV-event batches from msgpack.
+//! Decoding of vLLM's (and `SGLang`'s) KV-event batches from msgpack.
 //!
 //! The payload is `[ts, [event...], data_parallel_rank?]`; each event is either
-//! a map with a `"type"` key (vLLM after PR #42892, SGLang) or a positional
+//! a map with a `"type"` key (vLLM after PR #42892, `SGLang`) or a positional
 //! array with the tag first (older vLLM, shorter still in the first releases).
 //! Values are read straight from the byte slice into reusable buffers: no value
 //! tree is built, so a batch costs no allocation once the buffers have grown.
@@ -43,7 +43,7 @@ pub struct Span {
 impl Span {
     /// The items of `buf` this span covers.
     #[must_use]
-    pub fn of<'a, T>(self, buf: &'a [T]) -> &'a [T] {
+    pub fn of<T>(self, buf: &[T]) -> &[T] {
         buf.get(self.start as usize..self.end as usize)
             .unwrap_or_default()
     }
@@ -64,7 +64,7 @@ pub enum Event {
         block_size: u32,
         /// The `LoRA` adapter the blocks were computed with.
         lora_id: Option<i64>,
-        /// SGLang's `cache_salt`, hashed: salted blocks only match salted requests.
+        /// `SGLang`'s `cache_salt`, hashed: salted blocks only match salted requests.
         salt: Option<u64>,
         /// vLLM's KV-cache group (hybrid models), when sent.
         group: Option<u32>,
@@ -160,7 +160,7 @@ impl Batch {
             match key {
                 b"type" => kind = Some(Kind::of(r.str()?)),
                 b"block_hashes" => f.hashes = Some(self.hash_list(r)?),
-                b"parent_block_hash" => f.parent = self.opt_hash(r)?,
+                b"parent_block_hash" => f.parent = r.opt_engine_hash()?,
                 b"token_ids" => f.tokens = Some(self.token_list(r)?),
                 b"block_size" => f.block_size = Some(r.uint()?),
                 b"lora_id" => f.lora_id = r.opt_int()?,
@@ -185,7 +185,7 @@ impl Batch {
         for i in 1..n {
             match (kind, i) {
                 (Kind::Stored | Kind::Removed, 1) => f.hashes = Some(self.hash_list(r)?),
-                (Kind::Stored, 2) => f.parent = self.opt_hash(r)?,
+                (Kind::Stored, 2) => f.parent = r.opt_engine_hash()?,
                 (Kind::Stored, 3) => f.tokens = Some(self.token_list(r)?),
                 (Kind::Stored, 4) => f.block_size = Some(r.uint()?),
                 (Kind::Stored, 5) => f.lora_id = r.opt_int()?,
@@ -217,14 +217,6 @@ impl Batch {
             self.tokens.push(t);
         }
         Ok(Span { start, end: span_index(self.tokens.len(), r)? })
-    }
-
-    fn opt_hash(&mut self, r: &mut Reader<'_>) -> Result<Option<u64>, DecodeError> {
-        if r.peek() == Some(0xc0) {
-            r.pos += 1;
-            return Ok(None);
-        }
-        r.engine_hash().map(Some)
     }
 }
 
@@ -418,6 +410,14 @@ impl<'a> Reader<'a> {
         }
     }
 
+    fn opt_engine_hash(&mut self) -> Result<Option<u64>, DecodeError> {
+        if self.peek() == Some(0xc0) {
+            self.pos += 1;
+            return Ok(None);
+        }
+        self.engine_hash().map(Some)
+    }
+
     /// The body of a str or bin value, or `None` when `m` is neither.
     fn bytes_after(&mut self, m: Marker) -> Result<Option<&'a [u8]>, DecodeError> {
         let n = match m {
@@ -477,7 +477,7 @@ impl<'a> Reader<'a> {
                 return Ok(())
             }
             Marker::U8 | Marker::I8 => (0, 1),
-            Marker::U16 | Marker::I16 => (0, 2),
+            Marker::U16 | Marker::I16 | Marker::FixExt1 => (0, 2),
             Marker::U32 | Marker::I32 | Marker::F32 => (0, 4),
             Marker::U64 | Marker::I64 | Marker::F64 => (0, 8),
             Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
@@ -486,7 +486,6 @@ impl<'a> Reader<'a> {
             Marker::FixMap(n) => (2 * u64::from(n), 0),
             Marker::Map16 => (2 * u64::from(self.be16()?), 0),
             Marker::Map32 => (2 * u64::from(self.be32()?), 0),
-            Marker::FixExt1 => (0, 2),
             Marker::FixExt2 => (0, 3),
             Marker::FixExt4 => (0, 5),
             Marker::FixExt8 => (0, 9),

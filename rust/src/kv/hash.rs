@@ -42,7 +42,7 @@ const K: [u64; 8] = [
 ];
 
 /// The 64x64->128 multiply folded back to 64 bits.
-#[inline(always)]
+#[inline]
 fn fold(a: u64, b: u64) -> u64 {
     let p = u128::from(a) * u128::from(b);
     (p as u64) ^ ((p >> 64) as u64)
@@ -52,6 +52,20 @@ fn fold(a: u64, b: u64) -> u64 {
 #[inline]
 #[must_use]
 pub fn content(tokens: &[u32]) -> u64 {
+    // The common block size, unrolled so that every secret is a constant.
+    if let Ok(t) = <&[u32; 16]>::try_from(tokens) {
+        let mut acc = 16u64.wrapping_mul(K[0]);
+        for i in 0..4 {
+            let j = 4 * i;
+            acc = acc.wrapping_add(chunk(i as u64, t[j], t[j + 1], t[j + 2], t[j + 3]));
+        }
+        return acc;
+    }
+    content_loop(tokens)
+}
+
+/// `content` for any length (the 16-token path must agree with it).
+pub(crate) fn content_loop(tokens: &[u32]) -> u64 {
     let mut acc = (tokens.len() as u64).wrapping_mul(K[0]);
     let mut chunks = tokens.chunks_exact(4);
     let mut i: u64 = 0;
@@ -67,7 +81,7 @@ pub fn content(tokens: &[u32]) -> u64 {
     acc
 }
 
-#[inline(always)]
+#[inline]
 fn chunk(i: u64, t0: u32, t1: u32, t2: u32, t3: u32) -> u64 {
     let s = K[(i & 3) as usize].wrapping_add(i.wrapping_mul(K[4]));
     let w0 = u64::from(t0) | (u64::from(t1) << 32);
@@ -83,7 +97,7 @@ pub fn chain(parent: u64, content: u64) -> u64 {
 }
 
 /// The key the first block of a sequence chains onto: one per seed, `LoRA`
-/// adapter and (SGLang) cache salt, so that their blocks never match each other.
+/// adapter and (`SGLang`) cache salt, so that their blocks never match each other.
 #[must_use]
 pub fn root(seed: u64, lora_id: Option<i64>, salt: Option<u64>) -> u64 {
     let (tag, lora) = match lora_id {

@@ -1,7 +1,7 @@
 //! The KV-event index: which replica's KV cache holds which prompt prefix.
 //!
 //! Engines publish what their prefix cache stores and evicts (vLLM's and
-//! SGLang's KV events, see `decode`). The index keeps, per replica and
+//! `SGLang`'s KV events, see `decode`). The index keeps, per replica and
 //! data-parallel rank, the blocks it holds under llmgw's own chained keys
 //! (`hash`), so a prompt is scored by hashing its tokens the same way and
 //! finding, per replica, the longest run of leading blocks it holds.
@@ -193,15 +193,12 @@ impl KvIndex {
         }
         let name: Arc<str> = Arc::from(name);
         let rep = Some(Replica::new(name.clone()));
-        let i = match self.replicas.iter().position(Option::is_none) {
-            Some(i) => {
-                self.replicas[i] = rep;
-                i
-            }
-            None => {
-                self.replicas.push(rep);
-                self.replicas.len() - 1
-            }
+        let i = if let Some(i) = self.replicas.iter().position(Option::is_none) {
+            self.replicas[i] = rep;
+            i
+        } else {
+            self.replicas.push(rep);
+            self.replicas.len() - 1
         };
         self.ids.insert(name, i);
         i
@@ -226,7 +223,10 @@ impl KvIndex {
     #[must_use]
     pub fn block_keys(&self, tokens: &[u32], lora_id: Option<i64>) -> Vec<u64> {
         let mut chain = Chain::new(self.cfg, tokens, lora_id);
-        (0..chain.blocks()).map(|i| chain.key(i)).collect()
+        if let Some(last) = chain.blocks().checked_sub(1) {
+            chain.key(last);
+        }
+        chain.keys
     }
 
     /// Matched prefix length in tokens per replica holding at least one
@@ -306,16 +306,23 @@ impl<'a> Chain<'a> {
     }
 
     fn key(&mut self, i: usize) -> u64 {
+        if let Some(&k) = self.keys.get(i) {
+            return k;
+        }
         if self.keys.capacity() == 0 {
             self.keys.reserve_exact(self.blocks());
         }
-        while self.keys.len() <= i {
-            let at = self.keys.len() * self.bs;
-            let block = self.tokens.get(at..at + self.bs).unwrap_or_default();
-            self.last = hash::chain(self.last, hash::content(block));
-            self.keys.push(self.last);
+        // The chain value stays in a register across the run: going through
+        // `self.last` each block puts a store-to-load delay on the chain.
+        let from = self.keys.len() * self.bs;
+        let to = ((i + 1) * self.bs).min(self.tokens.len());
+        let mut k = self.last;
+        for block in self.tokens.get(from..to).unwrap_or_default().chunks_exact(self.bs) {
+            k = hash::chain(k, hash::content(block));
+            self.keys.push(k);
         }
-        self.keys[i]
+        self.last = k;
+        self.keys.get(i).copied().unwrap_or(k)
     }
 }
 

@@ -42,12 +42,11 @@ impl Replica {
 
     /// The state of rank `dp`, made on first use (ranks are few: a scan).
     pub(super) fn rank(&mut self, dp: i64) -> &mut Rank {
-        let i = match self.ranks.iter().position(|r| r.dp == dp) {
-            Some(i) => i,
-            None => {
-                self.ranks.push(Rank { dp, last: None, other_groups: 0, shard: Shard::new() });
-                self.ranks.len() - 1
-            }
+        let i = if let Some(i) = self.ranks.iter().position(|r| r.dp == dp) {
+            i
+        } else {
+            self.ranks.push(Rank { dp, last: None, other_groups: 0, shard: Shard::new() });
+            self.ranks.len() - 1
         };
         &mut self.ranks[i]
     }

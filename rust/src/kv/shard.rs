@@ -163,18 +163,17 @@ impl Shard {
         let mut parent = parent.node;
         let mut out = Stored::default();
         for (&key, &engine) in keys.iter().zip(engines) {
-            let i = match self.find_key(key) {
-                Some(i) => {
-                    if !self.nodes[i as usize].held() {
-                        self.revive(i, engine);
-                        out.added += 1;
-                    }
-                    i
-                }
-                None => {
+            let i = if let Some(i) = self.find_key(key) {
+                if !self.nodes[i as usize].held() {
+                    self.revive(i, engine);
                     out.added += 1;
-                    self.insert(key, engine, parent)
+                } else if self.nodes[i as usize].engine != engine {
+                    self.rename(i, engine);
                 }
+                i
+            } else {
+                out.added += 1;
+                self.insert(key, engine, parent)
             };
             parent = i;
         }
@@ -213,6 +212,21 @@ impl Shard {
         self.link(i, parent);
         self.held += 1;
         i
+    }
+
+    /// The same tokens stored again under another engine hash (blocks whose
+    /// extra keys differ: images, salts): the latest hash wins, because the
+    /// events that follow chain onto it; a removal of the older one is then
+    /// counted as unknown and the block stays until the newer one goes.
+    fn rename(&mut self, i: u32, engine: u64) {
+        let old = self.nodes[i as usize].engine;
+        if let Ok(e) = self.by_engine.find_entry(hash::spread(old), |&j| j == i) {
+            e.remove();
+        }
+        self.nodes[i as usize].engine = engine;
+        let nodes = &self.nodes;
+        self.by_engine
+            .insert_unique(hash::spread(engine), i, |&j| hash::spread(nodes[j as usize].engine));
     }
 
     /// Holds tombstone `i` again. Its own parent link is kept: the same key

@@ -1,4 +1,6 @@
 //! A tiny msgpack writer for hand-built event batches (the subset msgspec emits).
+#![allow(dead_code, reason = "shared by several test crates, each using a part")]
+#![allow(clippy::cast_sign_loss, reason = "the encoder range-checks before each cast")]
 
 #[derive(Clone, Debug)]
 pub enum V {
@@ -80,7 +82,9 @@ fn put(out: &mut Vec<u8>, v: &V) {
         }
         V::A(xs) => {
             len(out, xs.len(), 0x90, 0xdc, 15);
-            xs.iter().for_each(|x| put(out, x));
+            for x in xs {
+                put(out, x);
+            }
         }
         V::M(kv) => {
             len(out, kv.len(), 0x80, 0xde, 15);
@@ -101,7 +105,7 @@ pub fn batch(events: Vec<V>, dp: Option<i128>) -> Vec<u8> {
     enc(&V::A(b))
 }
 
-/// A map-encoded BlockStored (current vLLM).
+/// A map-encoded `BlockStored` (current vLLM).
 pub fn stored_map(hashes: &[i128], parent: Option<i128>, tokens: &[u32], bs: i128, lora: Option<i128>) -> V {
     V::M(vec![
         ("type", V::S("BlockStored")),
@@ -118,7 +122,7 @@ pub fn stored_map(hashes: &[i128], parent: Option<i128>, tokens: &[u32], bs: i12
     ])
 }
 
-/// An array-encoded BlockStored (older vLLM), with `medium` and `lora_name`.
+/// An array-encoded `BlockStored` (older vLLM), with `medium` and `lora_name`.
 pub fn stored_arr(hashes: &[i128], parent: Option<i128>, tokens: &[u32], bs: i128) -> V {
     V::A(vec![
         V::S("BlockStored"),
