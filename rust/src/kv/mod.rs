@@ -13,6 +13,7 @@
 
 pub mod decode;
 pub mod hash;
+mod msgpack;
 mod seq;
 mod shard;
 #[cfg(test)]
