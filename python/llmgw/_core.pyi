@@ -4,6 +4,7 @@ from typing import Self, final
 
 __all__ = [
     "JsonSummary",
+    "KvIndex",
     "Router",
     "StreamTap",
     "__version__",
@@ -159,3 +160,43 @@ def patch_request(body: bytes, model: str | None, include_usage: bool) -> bytes:
     `"model"` (when `model` is given) and `stream_options.include_usage: true`
     (when `include_usage`), splicing only those values. Raises ValueError when the
     body is not a JSON object."""
+
+@final
+class KvIndex:
+    """Which replica's KV cache holds which prompt prefix, from the engines' KV events.
+
+    Blocks are keyed by llmgw's own chained hash of their token ids (stable across
+    processes and versions), so the engines' hash algorithm and seed do not matter.
+    State is kept per (replica, data-parallel rank); a stored run whose parent block
+    is unknown cannot be keyed and is counted as `unkeyable`.
+    """
+
+    def __new__(
+        cls, block_size: int = 16, max_blocks_per_replica: int = 4000000, seed: int = 0
+    ) -> Self:
+        """`block_size` must equal the engines'; `max_blocks_per_replica` bounds the
+        blocks kept per replica and rank (tails of the oldest chains go first); `seed`
+        must be the same on every gateway of a deployment."""
+
+    def apply(self, replica: str, seq: int, payload: bytes) -> int | None:
+        """Applies one batch (the msgpack frame of vLLM's KV-event publisher, `seq`
+        from its sequence frame). Returns None when it was applied or ignored (a
+        duplicate; a restart at seq 0 drops the replica's blocks first), or the seq to
+        replay from when batches were missed: feed the replayed batches through `apply`
+        in order, then go on with live ones. Raises ValueError when the payload does
+        not decode (nothing is applied; `drop_replica` is then the way out)."""
+
+    def drop_replica(self, replica: str) -> None:
+        """Forgets a replica's blocks and sequence state (replay failed, or it went away)."""
+
+    def score(self, tokens: list[int], lora_id: int | None = None) -> dict[str, int]:
+        """Matched prefix length in tokens per replica holding at least the prompt's
+        first block (the best of its ranks)."""
+
+    def stats(self) -> dict[str, int]:
+        """Counters (batches, events by kind, unknown_events, unkeyable,
+        removed_unknown, gaps, restarts, ...) and current sizes (blocks, replicas,
+        heap_bytes, bytes_per_block)."""
+
+    def block_keys(self, tokens: list[int], lora_id: int | None = None) -> list[int]:
+        """llmgw's keys of the prompt's full blocks (for tests and debugging)."""
