@@ -152,6 +152,9 @@ class Router:
         differs or matches approximately (`why`), replica counts, tree size, and
         whether a KV oracle and a tokenizer are attached."""
 
+    def set_kv_index(self, model: str, index: KvIndex | None) -> None:
+        """Gives a model's precise (`kv`) mode its KV-event index (None detaches it)."""
+
     def decisions(self) -> dict[str, int]:
         """Decisions so far, keyed "model|policy|kind", for /metrics."""
 

@@ -97,6 +97,8 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     health: Health = msgspec.field(default_factory=Health)
     usage_log: str | None = None
     """Append one JSON line per finished request to this file (batched, off the request path)."""
+    kv_block_size: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
+    """The engines' KV-cache block size in tokens (vLLM's --block-size), for the KV-event index."""
     routing: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     """Per served model: the routing policy and its settings (`policy`, `weights`, `guard_abs`,
     ...; validated by the Rust router, which holds their defaults), plus `tokenizer`, a model

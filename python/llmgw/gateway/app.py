@@ -22,6 +22,7 @@ from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
 from . import body as reqbody
 from . import routing
 from .errors import Kind, error_body, truncate
+from .kv_events import KvSubscriber
 from .metrics import Metrics
 from .proxy import Call, Proxy
 from .replicas import ReplicaSet
@@ -57,6 +58,8 @@ class Gateway:
         self.proxy: Proxy | None = None
         self.metrics: Metrics | None = None
         self.usage = UsageSink(cfg.usage_log)
+        self.kv_index: _core.KvIndex | None = None
+        self.kv_events: KvSubscriber | None = None
         self.routes: dict[tuple[str, str], Callable[[Any, Any, str], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._inference,
             ("POST", "/v1/completions"): self._inference,
@@ -78,6 +81,13 @@ class Gateway:
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.replicas = ReplicaSet(loop, self.cfg.endpoints, self.cfg.health)
         self.replicas.scrape_load = routing.configure(self.replicas.router, self.cfg.routing)
+        precise = routing.precise_models(self.cfg.routing)
+        if precise:
+            self.kv_index = _core.KvIndex(block_size=self.cfg.kv_block_size)
+            for model in precise:
+                self.replicas.router.set_kv_index(model, self.kv_index)
+            self.kv_events = KvSubscriber(loop, self.kv_index, self.cfg.endpoints)
+            self.kv_events.start()
         self.metrics = Metrics(self._replica_snapshot, self.replicas.router.decisions)
         self.replicas._on_ejection = self.metrics.ejection
         t = self.cfg.timeouts
@@ -90,6 +100,8 @@ class Gateway:
         self.usage.start(loop)
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.kv_events is not None:
+            loop.run_until_complete(self.kv_events.close())
         if self.replicas is not None:
             loop.run_until_complete(self.replicas.close())
         loop.run_until_complete(self.usage.close())

@@ -33,6 +33,11 @@ def configure(router: _core.Router, routing: dict[str, dict[str, Any]]) -> bool:
     return scrape
 
 
+def precise_models(routing: dict[str, dict[str, Any]]) -> list[str]:
+    """The models routed by the KV-event index (`kv` policy, or `scored`, which weighs it)."""
+    return [m for m, s in routing.items() if s.get("policy") in ("kv", "scored")]
+
+
 def validate(routing: dict[str, dict[str, Any]], models: list[tuple[str, list[str]]]) -> None:
     """Checks the routing settings at start-up, before any worker exists."""
     router = _core.Router()

@@ -176,6 +176,12 @@ impl Router {
         Ok(loads.call1((json.to_string(),))?.cast_into::<PyDict>()?)
     }
 
+    /// Gives a model's precise (`kv`) mode its KV-event index (None detaches it).
+    fn set_kv_index(&mut self, model: &str, index: Option<&Bound<'_, super::kv::KvIndex>>) {
+        let oracle = index.map(|i| -> std::sync::Arc<dyn router::PrefixOracle> { i.get().shared() });
+        self.inner.set_oracle(model, oracle);
+    }
+
     /// Decisions so far, keyed `model|policy|kind`.
     fn decisions(&self) -> BTreeMap<String, u64> {
         self.inner.decisions().into_iter().collect()
