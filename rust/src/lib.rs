@@ -4,6 +4,7 @@
 pub mod request;
 pub mod router;
 pub mod stream;
+pub mod tokenize;
 
 #[cfg(feature = "python")]
 mod python;
