@@ -4,6 +4,7 @@ from typing import Self, final
 
 __all__ = [
     "JsonSummary",
+    "ModelTokenizer",
     "Router",
     "StreamTap",
     "__version__",
@@ -127,3 +128,33 @@ def patch_request(body: bytes, model: str | None, include_usage: bool) -> bytes:
     `"model"` (when `model` is given) and `stream_options.include_usage: true`
     (when `include_usage`), splicing only those values. Raises ValueError when the
     body is not a JSON object."""
+
+@final
+class ModelTokenizer:
+    """A model's tokenizer and chat template, loaded from its Hugging Face files.
+
+    Turns an OpenAI request body into the token ids vLLM will see for it, for
+    prefix-cache-aware routing. Thread-safe; long inputs release the interpreter.
+    """
+
+    @staticmethod
+    def from_dir(path: str) -> ModelTokenizer:
+        """Loads `tokenizer.json` (required), `tokenizer_config.json` and
+        `chat_template.jinja` from a model directory; raises ValueError with a
+        sentence naming the bad file and what to do."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Encodes text to token ids; special tokens as the post-processor adds them."""
+
+    def render_chat(self, body: bytes, add_generation_prompt: bool = True) -> str:
+        """Renders a chat completions body with the chat template; raises
+        ValueError when there is no template or the template raises."""
+
+    def tokens(self, body: bytes, chat: bool) -> list[int] | None:
+        """The prompt's token ids as vLLM will see them (chat: rendered, no
+        special tokens added; completions: prompt with special tokens), or None
+        when they cannot be known (bad body, no template, tools)."""
+
+    @property
+    def has_chat_template(self) -> bool:
+        """True when a chat template was found."""

@@ -7,6 +7,8 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod tokenize;
+
 use crate::request;
 use crate::router;
 use crate::stream::{self, Rename};
@@ -278,6 +280,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StreamTap>()?;
     m.add_class::<JsonSummary>()?;
     m.add_class::<Router>()?;
+    m.add_class::<tokenize::ModelTokenizer>()?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(patch_request, m)?)?;
     Ok(())

@@ -143,6 +143,8 @@ struct ChatBody<'a> {
     tools: Option<&'a RawValue>,
     #[serde(default)]
     chat_template_kwargs: Option<Pairs>,
+    #[serde(default, borrow)]
+    chat_template: Option<&'a RawValue>,
 }
 
 #[derive(serde::Deserialize)]
@@ -164,10 +166,10 @@ struct CompletionBody {
 /// Reads a chat completions body.
 ///
 /// Fails (and the caller routes without tokens) when the body is not a chat
-/// request, or when it carries `tools`: vLLM renders them from its own
-/// pydantic dump of the request, whose keys and defaults differ from the raw
-/// JSON, so any rendering here would differ from the engine's from the tools
-/// block on, and a wrong prefix is worse than none.
+/// request, brings its own `chat_template`, or carries `tools`: vLLM renders
+/// tools from its own pydantic dump of the request, whose keys and defaults
+/// differ from the raw JSON, so any rendering here would differ from the
+/// engine's from the tools block on, and a wrong prefix is worse than none.
 pub fn chat(body: &[u8], format: ContentFormat) -> Result<Chat, String> {
     let b: ChatBody<'_> =
         serde_json::from_slice(body).map_err(|e| format!("read chat request: {e}"))?;
@@ -175,6 +177,11 @@ pub fn chat(body: &[u8], format: ContentFormat) -> Result<Chat, String> {
         if !matches!(tools.get().trim(), "null" | "[]") {
             return Err("requests with tools are not rendered".to_owned());
         }
+    }
+    // A request may bring its own template (vLLM allows it when configured);
+    // running a client's template here is not worth the risk for a routing hint.
+    if b.chat_template.is_some_and(|t| t.get() != "null") {
+        return Err("requests with their own chat_template are not rendered".to_owned());
     }
     Ok(Chat {
         messages: b
@@ -355,5 +362,10 @@ mod tests {
         )
         .is_err());
         assert!(chat(br#"{"messages": [], "tools": []}"#, ContentFormat::String).is_ok());
+        assert!(chat(
+            br#"{"messages": [], "chat_template": "x"}"#,
+            ContentFormat::String
+        )
+        .is_err());
     }
 }
