@@ -5,6 +5,15 @@
 //! without special tokens (the template writes BOS as text, and vLLM's chat
 //! path encodes with `add_special_tokens=False`); completions prompts are
 //! encoded with them, as vLLM's completions path does by default.
+//!
+//! Multi-turn prefix caching relies on a conversation's tokens being a prefix
+//! of the tokens of the same conversation with one more turn. That holds for
+//! templates that end every turn in a special token and leave past turns as
+//! they were (the tests check it for a Llama-3-style and a ChatML template).
+//! It does not hold across turns for templates that rewrite history, such as
+//! Qwen3's, which drops the reasoning of earlier assistant turns, nor across a
+//! day boundary for templates that print today's date: the engine's cache
+//! misses there too, so routing on these ids is still right.
 
 mod config;
 mod json;
