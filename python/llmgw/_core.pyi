@@ -5,6 +5,7 @@ from typing import Self, final
 __all__ = [
     "JsonSummary",
     "KvIndex",
+    "ModelTokenizer",
     "Router",
     "StreamTap",
     "__version__",
@@ -155,6 +156,9 @@ class Router:
     def set_kv_index(self, model: str, index: KvIndex | None) -> None:
         """Gives a model's precise (`kv`) mode its KV-event index (None detaches it)."""
 
+    def set_tokenizer(self, model: str, tokenizer: ModelTokenizer | None) -> None:
+        """Gives a model its tokenizer, which precise (`kv`) mode needs (None detaches it)."""
+
     def decisions(self) -> dict[str, int]:
         """Decisions so far, keyed "model|policy|kind", for /metrics."""
 
@@ -203,3 +207,32 @@ class KvIndex:
 
     def block_keys(self, tokens: list[int], lora_id: int | None = None) -> list[int]:
         """llmgw's keys of the prompt's full blocks (for tests and debugging)."""
+
+class ModelTokenizer:
+    """A model's tokenizer and chat template, loaded from its Hugging Face files.
+
+    Turns an OpenAI request body into the token ids vLLM will see for it, for
+    prefix-cache-aware routing. Thread-safe; long inputs release the interpreter.
+    """
+
+    @staticmethod
+    def from_dir(path: str) -> ModelTokenizer:
+        """Loads `tokenizer.json` (required), `tokenizer_config.json` and
+        `chat_template.jinja` from a model directory; raises ValueError with a
+        sentence naming the bad file and what to do."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Encodes text to token ids; special tokens as the post-processor adds them."""
+
+    def render_chat(self, body: bytes, add_generation_prompt: bool = True) -> str:
+        """Renders a chat completions body with the chat template; raises
+        ValueError when there is no template or the template raises."""
+
+    def tokens(self, body: bytes, chat: bool) -> list[int] | None:
+        """The prompt's token ids as vLLM will see them (chat: rendered, no
+        special tokens added; completions: prompt with special tokens), or None
+        when they cannot be known (bad body, no template, tools)."""
+
+    @property
+    def has_chat_template(self) -> bool:
+        """True when a chat template was found."""

@@ -73,7 +73,9 @@ fn payloads(prompts: &[Vec<u32>], seed: u64, array: bool) -> Vec<Vec<u8>> {
             let hashes: Vec<i128> = ev
                 .chunks(BS)
                 .map(|b| {
-                    h = b.iter().fold(h, |h, &t| (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3));
+                    h = b
+                        .iter()
+                        .fold(h, |h, &t| (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3));
                     i128::from(h)
                 })
                 .collect();
@@ -99,9 +101,15 @@ fn prompt(rng: &mut Rng, prefix: &[u32]) -> Vec<u32> {
 
 /// Ingests `n_blocks` into one replica bounded to `max` blocks; returns (blocks/s, bytes/block).
 fn ingest(rng: &mut Rng, n_blocks: usize, max: u32, array: bool) -> (f64, u64, u64) {
-    let prompts: Vec<Vec<u32>> = (0..n_blocks / PROMPT_BLOCKS).map(|_| prompt(rng, &[])).collect();
+    let prompts: Vec<Vec<u32>> = (0..n_blocks / PROMPT_BLOCKS)
+        .map(|_| prompt(rng, &[]))
+        .collect();
     let pay = payloads(&prompts, rng.next(), array);
-    let mut ix = KvIndex::new(KvConfig { block_size: BS as u32, max_blocks_per_replica: max, seed: 0 });
+    let mut ix = KvIndex::new(KvConfig {
+        block_size: BS as u32,
+        max_blocks_per_replica: max,
+        seed: 0,
+    });
     let t = Clock::start();
     for (seq, p) in pay.iter().enumerate() {
         black_box(ix.apply("r0", seq as u64, p).unwrap());
@@ -109,11 +117,18 @@ fn ingest(rng: &mut Rng, n_blocks: usize, max: u32, array: bool) -> (f64, u64, u
     let (_, secs) = t.secs();
     let s = ix.stats();
     assert_eq!(s.unkeyable, 0);
-    ((prompts.len() * PROMPT_BLOCKS) as f64 / secs, s.bytes_per_block(), s.blocks)
+    (
+        (prompts.len() * PROMPT_BLOCKS) as f64 / secs,
+        s.bytes_per_block(),
+        s.blocks,
+    )
 }
 
 fn main() {
-    let scale: f64 = std::env::var("KV_BENCH_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0);
+    let scale: f64 = std::env::var("KV_BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
     let n = |x: f64| ((x * scale) as usize).max(1);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
 
@@ -129,7 +144,11 @@ fn main() {
     let replicas = 8;
     let per = n(100.0);
     let system: Vec<u32> = (0..128 * BS).map(|_| rng.token()).collect();
-    let mut ix = KvIndex::new(KvConfig { block_size: BS as u32, max_blocks_per_replica: 4_000_000, seed: 0 });
+    let mut ix = KvIndex::new(KvConfig {
+        block_size: BS as u32,
+        max_blocks_per_replica: 4_000_000,
+        seed: 0,
+    });
     let mut queries = Vec::new();
     for r in 0..replicas {
         let prompts: Vec<Vec<u32>> = (0..per).map(|_| prompt(&mut rng, &system)).collect();

@@ -5,6 +5,7 @@ pub mod kv;
 pub mod request;
 pub mod router;
 pub mod stream;
+pub mod tokenize;
 
 #[cfg(feature = "python")]
 mod python;

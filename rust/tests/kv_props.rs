@@ -1,7 +1,12 @@
 //! Property tests: after any sequence of stores, removals, clears, restarts,
 //! gaps, duplicates and drops across replicas, the KV index scores every
 //! prompt exactly as a naive model of held token prefixes does.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::many_single_char_names)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::many_single_char_names
+)]
 
 #[path = "kv/msgpack.rs"]
 mod msgpack;
@@ -18,17 +23,41 @@ const REPLICAS: [&str; 3] = ["r0", "r1", "r2"];
 #[derive(Clone, Debug)]
 enum Op {
     /// Store blocks `from..from+n` of prompt `p` (chained on block `from - 1`).
-    Store { r: usize, p: usize, from: usize, n: usize, array: bool },
+    Store {
+        r: usize,
+        p: usize,
+        from: usize,
+        n: usize,
+        array: bool,
+    },
     /// Remove block `b` of prompt `p`, plus an unknown hash when `junk`.
-    Remove { r: usize, p: usize, b: usize, junk: bool },
-    Clear { r: usize },
+    Remove {
+        r: usize,
+        p: usize,
+        b: usize,
+        junk: bool,
+    },
+    Clear {
+        r: usize,
+    },
     /// The engine restarts: seq 0, new hash seed.
-    Restart { r: usize },
+    Restart {
+        r: usize,
+    },
     /// A batch after a missed one: refused; then the same seq replayed in order.
-    GapThenReplay { r: usize, p: usize, n: usize },
+    GapThenReplay {
+        r: usize,
+        p: usize,
+        n: usize,
+    },
     /// An old batch delivered again (must change nothing).
-    Duplicate { r: usize, p: usize },
-    Drop { r: usize },
+    Duplicate {
+        r: usize,
+        p: usize,
+    },
+    Drop {
+        r: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -106,7 +135,9 @@ impl World {
         let e = self.m.epoch[r];
         let prefix = |i: usize| &t[..i * BS as usize];
         let parent = (from > 0).then(|| engine_hash(e, prefix(from)));
-        let hashes: Vec<i128> = (from + 1..=end).map(|i| engine_hash(e, prefix(i))).collect();
+        let hashes: Vec<i128> = (from + 1..=end)
+            .map(|i| engine_hash(e, prefix(i)))
+            .collect();
         let tokens = &t[from * BS as usize..end * BS as usize];
         if from == 0 || self.m.held[r].contains_key(prefix(from)) {
             for i in from + 1..=end {
@@ -122,10 +153,21 @@ impl World {
 
     fn run(&mut self, op: &Op) {
         match *op {
-            Op::Store { r, p, from, n, array } => {
+            Op::Store {
+                r,
+                p,
+                from,
+                n,
+                array,
+            } => {
                 if let Some(ev) = self.store(r, p, from, n, array) {
                     let s = self.next_seq(r);
-                    assert_eq!(self.ix.apply(REPLICAS[r], s, &batch(vec![ev], Some(0))).unwrap(), Applied::Applied);
+                    assert_eq!(
+                        self.ix
+                            .apply(REPLICAS[r], s, &batch(vec![ev], Some(0)))
+                            .unwrap(),
+                        Applied::Applied
+                    );
                 }
             }
             Op::Remove { r, p, b, junk } => {
@@ -141,20 +183,27 @@ impl World {
                 }
                 let ev = V::A(vec![V::S("BlockRemoved"), ints(hashes), V::S("GPU")]);
                 let s = self.next_seq(r);
-                self.ix.apply(REPLICAS[r], s, &batch(vec![ev], Some(0))).unwrap();
+                self.ix
+                    .apply(REPLICAS[r], s, &batch(vec![ev], Some(0)))
+                    .unwrap();
             }
             Op::Clear { r } => {
                 self.m.held[r].clear();
                 let s = self.next_seq(r);
                 let ev = V::M(vec![("type", V::S("AllBlocksCleared"))]);
-                self.ix.apply(REPLICAS[r], s, &batch(vec![ev], Some(0))).unwrap();
+                self.ix
+                    .apply(REPLICAS[r], s, &batch(vec![ev], Some(0)))
+                    .unwrap();
             }
             Op::Restart { r } => {
                 let was = self.m.seq[r];
                 self.m.held[r].clear();
                 self.m.epoch[r] += 1;
                 self.m.seq[r] = Some(0);
-                let got = self.ix.apply(REPLICAS[r], 0, &batch(vec![], Some(0))).unwrap();
+                let got = self
+                    .ix
+                    .apply(REPLICAS[r], 0, &batch(vec![], Some(0)))
+                    .unwrap();
                 // seq 0 twice in a row reads as a duplicate: also drop then.
                 if was == Some(0) {
                     assert_eq!(got, Applied::Duplicate);
@@ -166,9 +215,14 @@ impl World {
             }
             Op::GapThenReplay { r, p, n } => {
                 let Some(last) = self.m.seq[r] else { return };
-                let missed = self.store(r, p, 0, n, false).unwrap_or(V::A(vec![V::S("Future")]));
+                let missed = self
+                    .store(r, p, 0, n, false)
+                    .unwrap_or(V::A(vec![V::S("Future")]));
                 let late = batch(vec![], Some(0));
-                assert_eq!(self.ix.apply(REPLICAS[r], last + 2, &late).unwrap(), Applied::Gap { from: last + 1 });
+                assert_eq!(
+                    self.ix.apply(REPLICAS[r], last + 2, &late).unwrap(),
+                    Applied::Gap { from: last + 1 }
+                );
                 let replay = [(last + 1, batch(vec![missed], Some(0))), (last + 2, late)];
                 for (s, b) in replay {
                     assert_eq!(self.ix.apply(REPLICAS[r], s, &b).unwrap(), Applied::Applied);
@@ -178,8 +232,19 @@ impl World {
             Op::Duplicate { r, p } => {
                 let Some(last) = self.m.seq[r] else { return };
                 let t = self.prompts[p].clone();
-                let ev = stored_map(&[1], None, &t[..t.len().min(BS as usize)], i128::from(BS), None);
-                assert_eq!(self.ix.apply(REPLICAS[r], last, &batch(vec![ev], Some(0))).unwrap(), Applied::Duplicate);
+                let ev = stored_map(
+                    &[1],
+                    None,
+                    &t[..t.len().min(BS as usize)],
+                    i128::from(BS),
+                    None,
+                );
+                assert_eq!(
+                    self.ix
+                        .apply(REPLICAS[r], last, &batch(vec![ev], Some(0)))
+                        .unwrap(),
+                    Applied::Duplicate
+                );
             }
             Op::Drop { r } => {
                 self.ix.drop_replica(REPLICAS[r]);
@@ -191,8 +256,12 @@ impl World {
 
     fn check(&self, extra: &[Vec<u32>]) {
         for t in self.prompts.iter().chain(extra) {
-            let got: BTreeMap<String, u32> =
-                self.ix.score(t, None).into_iter().map(|(r, n)| (r.to_string(), n)).collect();
+            let got: BTreeMap<String, u32> = self
+                .ix
+                .score(t, None)
+                .into_iter()
+                .map(|(r, n)| (r.to_string(), n))
+                .collect();
             let want: BTreeMap<String, u32> = (0..REPLICAS.len())
                 .map(|r| (REPLICAS[r].to_string(), self.m.score(r, t)))
                 .filter(|&(_, n)| n > 0)
@@ -206,7 +275,11 @@ impl World {
 
 fn world(prompts: Vec<Vec<u32>>, max: u32) -> World {
     World {
-        ix: KvIndex::new(KvConfig { block_size: BS, max_blocks_per_replica: max, seed: 1 }),
+        ix: KvIndex::new(KvConfig {
+            block_size: BS,
+            max_blocks_per_replica: max,
+            seed: 1,
+        }),
         m: Model {
             held: vec![HashMap::new(); REPLICAS.len()],
             seq: vec![None; REPLICAS.len()],

@@ -107,7 +107,10 @@ impl Batch {
         self.hashes.clear();
         self.tokens.clear();
         self.dp_rank = None;
-        let mut r = Reader { buf: payload, pos: 0 };
+        let mut r = Reader {
+            buf: payload,
+            pos: 0,
+        };
         let n = r.array_len()?;
         if n < 2 {
             return Err(r.err("batch array shorter than [ts, events]"));
@@ -202,7 +205,10 @@ impl Batch {
             let h = r.engine_hash()?;
             self.hashes.push(h);
         }
-        Ok(Span { start, end: span_index(self.hashes.len(), r)? })
+        Ok(Span {
+            start,
+            end: span_index(self.hashes.len(), r)?,
+        })
     }
 
     fn token_list(&mut self, r: &mut Reader<'_>) -> Result<Span, DecodeError> {
@@ -213,7 +219,10 @@ impl Batch {
             let t = r.uint()?;
             self.tokens.push(t);
         }
-        Ok(Span { start, end: span_index(self.tokens.len(), r)? })
+        Ok(Span {
+            start,
+            end: span_index(self.tokens.len(), r)?,
+        })
     }
 }
 
@@ -261,9 +270,13 @@ impl Fields {
     fn into_event(self, kind: Kind, r: &Reader<'_>) -> Result<Event, DecodeError> {
         Ok(match kind {
             Kind::Stored => Event::Stored {
-                hashes: self.hashes.ok_or_else(|| r.err("BlockStored without block_hashes"))?,
+                hashes: self
+                    .hashes
+                    .ok_or_else(|| r.err("BlockStored without block_hashes"))?,
                 parent: self.parent,
-                tokens: self.tokens.ok_or_else(|| r.err("BlockStored without token_ids"))?,
+                tokens: self
+                    .tokens
+                    .ok_or_else(|| r.err("BlockStored without token_ids"))?,
                 block_size: self
                     .block_size
                     .ok_or_else(|| r.err("BlockStored without block_size"))?,
@@ -273,7 +286,9 @@ impl Fields {
                 full_attention: !self.not_full,
             },
             Kind::Removed => Event::Removed {
-                hashes: self.hashes.ok_or_else(|| r.err("BlockRemoved without block_hashes"))?,
+                hashes: self
+                    .hashes
+                    .ok_or_else(|| r.err("BlockRemoved without block_hashes"))?,
                 group: self.group,
             },
             Kind::Cleared => Event::Cleared,

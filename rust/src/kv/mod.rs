@@ -50,7 +50,11 @@ pub struct KvConfig {
 
 impl Default for KvConfig {
     fn default() -> Self {
-        Self { block_size: 16, max_blocks_per_replica: 4_000_000, seed: 0 }
+        Self {
+            block_size: 16,
+            max_blocks_per_replica: 4_000_000,
+            seed: 0,
+        }
     }
 }
 
@@ -153,7 +157,12 @@ impl KvIndex {
     /// When the payload does not decode; nothing is applied and the sequence
     /// does not advance (a replay will bring the same bytes: the caller should
     /// then `drop_replica`).
-    pub fn apply(&mut self, replica: &str, seq: u64, payload: &[u8]) -> Result<Applied, DecodeError> {
+    pub fn apply(
+        &mut self,
+        replica: &str,
+        seq: u64,
+        payload: &[u8],
+    ) -> Result<Applied, DecodeError> {
         let mut batch = std::mem::take(&mut self.batch);
         let out = match batch.decode(payload) {
             Ok(()) => Ok(self.apply_batch(replica, seq, &batch)),
@@ -244,7 +253,9 @@ impl KvIndex {
                 .max()
                 .unwrap_or(0);
             if best > 0 {
-                let tokens = u32::try_from(best).unwrap_or(u32::MAX).saturating_mul(self.cfg.block_size);
+                let tokens = u32::try_from(best)
+                    .unwrap_or(u32::MAX)
+                    .saturating_mul(self.cfg.block_size);
                 out.push((rep.name.clone(), tokens));
             }
         }
@@ -262,7 +273,12 @@ impl KvIndex {
     #[must_use]
     pub fn stats(&self) -> KvStats {
         let mut s = self.stats;
-        let shards = || self.replicas.iter().flatten().flat_map(|r| r.ranks.iter().map(|k| &k.shard));
+        let shards = || {
+            self.replicas
+                .iter()
+                .flatten()
+                .flat_map(|r| r.ranks.iter().map(|k| &k.shard))
+        };
         s.blocks = shards().map(|x| u64::from(x.held())).sum();
         s.tombstones = shards().map(|x| u64::from(x.tombstones())).sum();
         s.heap_bytes = shards().map(|x| x.heap_bytes() as u64).sum();
@@ -318,7 +334,12 @@ impl<'a> Chain<'a> {
         let from = self.keys.len() * self.bs;
         let to = ((i + 1) * self.bs).min(self.tokens.len());
         let mut k = self.last;
-        for block in self.tokens.get(from..to).unwrap_or_default().chunks_exact(self.bs) {
+        for block in self
+            .tokens
+            .get(from..to)
+            .unwrap_or_default()
+            .chunks_exact(self.bs)
+        {
             k = hash::chain(k, hash::content(block));
             self.keys.push(k);
         }
@@ -343,7 +364,16 @@ impl Rank {
         let bs = cfg.block_size as usize;
         for ev in &batch.events {
             match *ev {
-                Event::Stored { hashes, parent, tokens, block_size, lora_id, salt, group, full_attention } => {
+                Event::Stored {
+                    hashes,
+                    parent,
+                    tokens,
+                    block_size,
+                    lora_id,
+                    salt,
+                    group,
+                    full_attention,
+                } => {
                     st.stored_events += 1;
                     if !full_attention {
                         self.other_group(group);
@@ -354,12 +384,17 @@ impl Rank {
                     let tokens = tokens.of(&batch.tokens);
                     let root = hash::root(cfg.seed, lora_id, salt);
                     let parent = self.shard.parent(parent, root);
-                    let (Some(parent), true) = (parent, block_size == cfg.block_size && tokens.len() == hashes.len() * bs) else {
+                    let (Some(parent), true) = (
+                        parent,
+                        block_size == cfg.block_size && tokens.len() == hashes.len() * bs,
+                    ) else {
                         st.unkeyable += 1;
                         continue;
                     };
                     run_keys(parent.key, tokens, bs, keys);
-                    let s = self.shard.store(parent, keys, hashes, cfg.max_blocks_per_replica);
+                    let s = self
+                        .shard
+                        .store(parent, keys, hashes, cfg.max_blocks_per_replica);
                     st.stored_blocks += s.added;
                     st.evicted += s.evicted;
                 }

@@ -37,7 +37,10 @@ pub(super) struct Replica {
 
 impl Replica {
     pub(super) fn new(name: Arc<str>) -> Self {
-        Self { name, ranks: Vec::new() }
+        Self {
+            name,
+            ranks: Vec::new(),
+        }
     }
 
     /// The state of rank `dp`, made on first use (ranks are few: a scan).
@@ -45,7 +48,12 @@ impl Replica {
         let i = if let Some(i) = self.ranks.iter().position(|r| r.dp == dp) {
             i
         } else {
-            self.ranks.push(Rank { dp, last: None, other_groups: 0, shard: Shard::new() });
+            self.ranks.push(Rank {
+                dp,
+                last: None,
+                other_groups: 0,
+                shard: Shard::new(),
+            });
             self.ranks.len() - 1
         };
         &mut self.ranks[i]

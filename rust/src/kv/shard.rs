@@ -123,7 +123,9 @@ impl Shard {
     fn find_key(&self, key: u64) -> Option<u32> {
         let nodes = &self.nodes;
         self.by_key
-            .find(key, |&i| nodes.get(i as usize).is_some_and(|n| n.key == key))
+            .find(key, |&i| {
+                nodes.get(i as usize).is_some_and(|n| n.key == key)
+            })
             .copied()
     }
 
@@ -131,7 +133,9 @@ impl Shard {
         let nodes = &self.nodes;
         self.by_engine
             .find(hash::spread(engine), |&i| {
-                nodes.get(i as usize).is_some_and(|n| n.engine == engine && n.held())
+                nodes
+                    .get(i as usize)
+                    .is_some_and(|n| n.engine == engine && n.held())
             })
             .copied()
     }
@@ -149,10 +153,16 @@ impl Shard {
     #[must_use]
     pub fn parent(&self, engine: Option<u64>, root: u64) -> Option<Parent> {
         match engine {
-            None => Some(Parent { node: NIL, key: root }),
+            None => Some(Parent {
+                node: NIL,
+                key: root,
+            }),
             Some(e) => {
                 let node = self.find_engine(e)?;
-                Some(Parent { node, key: self.node(node)?.key })
+                Some(Parent {
+                    node,
+                    key: self.node(node)?.key,
+                })
             }
         }
     }
@@ -187,7 +197,14 @@ impl Shard {
     }
 
     fn insert(&mut self, key: u64, engine: u64, parent: u32) -> u32 {
-        let node = Node { key, engine, parent, kids: HELD, older: NIL, newer: NIL };
+        let node = Node {
+            key,
+            engine,
+            parent,
+            kids: HELD,
+            older: NIL,
+            newer: NIL,
+        };
         let i = if self.free == NIL {
             if self.nodes.len() == self.nodes.capacity() {
                 // Grow by an eighth, not double: the slab's slack is what
@@ -203,9 +220,11 @@ impl Shard {
             i
         };
         let nodes = &self.nodes;
-        self.by_key.insert_unique(key, i, |&j| nodes[j as usize].key);
-        self.by_engine
-            .insert_unique(hash::spread(engine), i, |&j| hash::spread(nodes[j as usize].engine));
+        self.by_key
+            .insert_unique(key, i, |&j| nodes[j as usize].key);
+        self.by_engine.insert_unique(hash::spread(engine), i, |&j| {
+            hash::spread(nodes[j as usize].engine)
+        });
         if let Some(p) = self.nodes.get_mut(parent as usize) {
             p.kids += 1;
         }
@@ -225,8 +244,9 @@ impl Shard {
         }
         self.nodes[i as usize].engine = engine;
         let nodes = &self.nodes;
-        self.by_engine
-            .insert_unique(hash::spread(engine), i, |&j| hash::spread(nodes[j as usize].engine));
+        self.by_engine.insert_unique(hash::spread(engine), i, |&j| {
+            hash::spread(nodes[j as usize].engine)
+        });
     }
 
     /// Holds tombstone `i` again. Its own parent link is kept: the same key
@@ -237,8 +257,9 @@ impl Shard {
         n.kids |= HELD;
         let parent = n.parent;
         let nodes = &self.nodes;
-        self.by_engine
-            .insert_unique(hash::spread(engine), i, |&j| hash::spread(nodes[j as usize].engine));
+        self.by_engine.insert_unique(hash::spread(engine), i, |&j| {
+            hash::spread(nodes[j as usize].engine)
+        });
         self.tombstones -= 1;
         self.held += 1;
         self.link(i, parent);
@@ -248,7 +269,11 @@ impl Shard {
     /// for a root), so that it goes before every one of its ancestors.
     fn link(&mut self, i: u32, parent: u32) {
         let newer = if parent == NIL { NIL } else { parent };
-        let older = if newer == NIL { self.back } else { self.nodes[newer as usize].older };
+        let older = if newer == NIL {
+            self.back
+        } else {
+            self.nodes[newer as usize].older
+        };
         self.nodes[i as usize].older = older;
         self.nodes[i as usize].newer = newer;
         match self.nodes.get_mut(older as usize) {
@@ -287,7 +312,10 @@ impl Shard {
     /// Stops holding node `i`: a tombstone while it has children, else freed.
     fn unhold(&mut self, i: u32) {
         let n = self.nodes[i as usize];
-        if let Ok(e) = self.by_engine.find_entry(hash::spread(n.engine), |&j| j == i) {
+        if let Ok(e) = self
+            .by_engine
+            .find_entry(hash::spread(n.engine), |&j| j == i)
+        {
             e.remove();
         }
         self.unlink(i);
@@ -308,9 +336,18 @@ impl Shard {
             if let Ok(e) = self.by_key.find_entry(n.key, |&j| j == i) {
                 e.remove();
             }
-            self.nodes[i as usize] = Node { key: 0, engine: 0, parent: NIL, kids: FREE, older: NIL, newer: self.free };
+            self.nodes[i as usize] = Node {
+                key: 0,
+                engine: 0,
+                parent: NIL,
+                kids: FREE,
+                older: NIL,
+                newer: self.free,
+            };
             self.free = i;
-            let Some(p) = self.nodes.get_mut(n.parent as usize) else { return };
+            let Some(p) = self.nodes.get_mut(n.parent as usize) else {
+                return;
+            };
             p.kids -= 1;
             if p.kids != 0 {
                 return;

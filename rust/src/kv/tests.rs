@@ -13,7 +13,14 @@ fn keys_are_pinned() {
     // Printed once and pinned: changing any of these breaks every gateway
     // that runs a different version against the same engines.
     assert_eq!(
-        [root, hash::content(&t), k0, hash::content(&t[..5]), hash::bytes(b"abc"), hash::root(1, Some(3), Some(9))],
+        [
+            root,
+            hash::content(&t),
+            k0,
+            hash::content(&t[..5]),
+            hash::bytes(b"abc"),
+            hash::root(1, Some(3), Some(9))
+        ],
         PINNED
     );
 }

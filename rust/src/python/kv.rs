@@ -20,7 +20,10 @@ pub struct KvIndex {
 
 impl KvIndex {
     /// The shared index, for the router's binding to hold.
-    #[allow(dead_code, reason = "the router binding takes it; not every build has that yet")]
+    #[allow(
+        dead_code,
+        reason = "the router binding takes it; not every build has that yet"
+    )]
     pub(crate) fn shared(&self) -> SharedKvIndex {
         Arc::clone(&self.inner)
     }
@@ -34,13 +37,25 @@ impl KvIndex {
         if block_size == 0 {
             return Err(PyValueError::new_err("block_size must be at least 1"));
         }
-        let cfg = KvConfig { block_size, max_blocks_per_replica, seed };
-        Ok(Self { inner: Arc::new(parking_lot::RwLock::new(kv::KvIndex::new(cfg))) })
+        let cfg = KvConfig {
+            block_size,
+            max_blocks_per_replica,
+            seed,
+        };
+        Ok(Self {
+            inner: Arc::new(parking_lot::RwLock::new(kv::KvIndex::new(cfg))),
+        })
     }
 
     /// Applies one batch; returns None (applied or ignored) or the seq to
     /// replay from when batches were missed.
-    fn apply(&self, py: Python<'_>, replica: &str, seq: u64, payload: &Bound<'_, PyBytes>) -> PyResult<Option<u64>> {
+    fn apply(
+        &self,
+        py: Python<'_>,
+        replica: &str,
+        seq: u64,
+        payload: &Bound<'_, PyBytes>,
+    ) -> PyResult<Option<u64>> {
         let bytes = payload.as_bytes();
         // Released: a subscriber thread must not hold the interpreter while it
         // waits for the write lock behind the router's readers.
@@ -59,8 +74,16 @@ impl KvIndex {
 
     /// Matched prefix tokens per replica holding at least the first block.
     #[pyo3(signature = (tokens, lora_id = None))]
-    #[expect(clippy::needless_pass_by_value, reason = "pyo3 extracts a list into an owned Vec")]
-    fn score<'py>(&self, py: Python<'py>, tokens: Vec<u32>, lora_id: Option<i64>) -> PyResult<Bound<'py, PyDict>> {
+    #[expect(
+        clippy::needless_pass_by_value,
+        reason = "pyo3 extracts a list into an owned Vec"
+    )]
+    fn score<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: Vec<u32>,
+        lora_id: Option<i64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let mut out = Vec::new();
         py.detach(|| self.inner.read().score_into(&tokens, lora_id, &mut out));
         let d = PyDict::new(py);
@@ -72,7 +95,10 @@ impl KvIndex {
 
     /// Our block keys of a prompt's full blocks (tests and debugging).
     #[pyo3(signature = (tokens, lora_id = None))]
-    #[expect(clippy::needless_pass_by_value, reason = "pyo3 extracts a list into an owned Vec")]
+    #[expect(
+        clippy::needless_pass_by_value,
+        reason = "pyo3 extracts a list into an owned Vec"
+    )]
     fn block_keys(&self, tokens: Vec<u32>, lora_id: Option<i64>) -> Vec<u64> {
         self.inner.read().block_keys(&tokens, lora_id)
     }

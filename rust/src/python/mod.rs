@@ -10,6 +10,7 @@ use pyo3::types::PyBytes;
 
 mod kv;
 mod router;
+mod tokenize;
 
 use crate::request;
 use crate::stream::{self, Rename};
@@ -208,6 +209,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<JsonSummary>()?;
     m.add_class::<router::Router>()?;
     m.add_class::<kv::KvIndex>()?;
+    m.add_class::<tokenize::ModelTokenizer>()?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(patch_request, m)?)?;
     Ok(())

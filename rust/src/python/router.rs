@@ -178,8 +178,21 @@ impl Router {
 
     /// Gives a model's precise (`kv`) mode its KV-event index (None detaches it).
     fn set_kv_index(&mut self, model: &str, index: Option<&Bound<'_, super::kv::KvIndex>>) {
-        let oracle = index.map(|i| -> std::sync::Arc<dyn router::PrefixOracle> { i.get().shared() });
+        let oracle =
+            index.map(|i| -> std::sync::Arc<dyn router::PrefixOracle> { i.get().shared() });
         self.inner.set_oracle(model, oracle);
+    }
+
+    /// Gives a model its tokenizer, which precise (`kv`) mode needs to read
+    /// prompts as the engine does (None detaches it).
+    fn set_tokenizer(
+        &mut self,
+        model: &str,
+        tokenizer: Option<&Bound<'_, super::tokenize::ModelTokenizer>>,
+    ) {
+        let tok =
+            tokenizer.map(|t| -> std::sync::Arc<dyn router::PromptTokenizer> { t.get().shared() });
+        self.inner.set_tokenizer(model, tok);
     }
 
     /// Decisions so far, keyed `model|policy|kind`.

@@ -1,6 +1,9 @@
 //! A tiny msgpack writer for hand-built event batches (the subset msgspec emits).
 #![allow(dead_code, reason = "shared by several test crates, each using a part")]
-#![allow(clippy::cast_sign_loss, reason = "the encoder range-checks before each cast")]
+#![allow(
+    clippy::cast_sign_loss,
+    reason = "the encoder range-checks before each cast"
+)]
 
 #[derive(Clone, Debug)]
 pub enum V {
@@ -106,7 +109,13 @@ pub fn batch(events: Vec<V>, dp: Option<i128>) -> Vec<u8> {
 }
 
 /// A map-encoded `BlockStored` (current vLLM).
-pub fn stored_map(hashes: &[i128], parent: Option<i128>, tokens: &[u32], bs: i128, lora: Option<i128>) -> V {
+pub fn stored_map(
+    hashes: &[i128],
+    parent: Option<i128>,
+    tokens: &[u32],
+    bs: i128,
+    lora: Option<i128>,
+) -> V {
     V::M(vec![
         ("type", V::S("BlockStored")),
         ("block_hashes", ints(hashes.iter().copied())),
