@@ -208,6 +208,7 @@ class KvIndex:
     def block_keys(self, tokens: list[int], lora_id: int | None = None) -> list[int]:
         """llmgw's keys of the prompt's full blocks (for tests and debugging)."""
 
+@final
 class ModelTokenizer:
     """A model's tokenizer and chat template, loaded from its Hugging Face files.
 
