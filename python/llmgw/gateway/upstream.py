@@ -71,6 +71,7 @@ class Exchange(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.reused = False
         self.got_bytes = False
+        self.keep_alive = False
 
     # -- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -109,6 +110,9 @@ class Exchange(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        # Read now: httptools resets the parser once a message is complete, and
+        # should_keep_alive() then always says no (every request paid a connect).
+        self.keep_alive = self.parser.should_keep_alive()
         self.state = _DONE
         self._wake()
 
@@ -145,6 +149,7 @@ class Exchange(asyncio.Protocol):
         self.status = 0
         self.headers = []
         self.got_bytes = False
+        self.keep_alive = False
         self.parser = httptools.HttpResponseParser(self)
         self.transport.write(head + body if len(body) < 16384 else head)
         if len(body) >= 16384:
@@ -204,7 +209,7 @@ class Exchange(asyncio.Protocol):
             and self.error is None
             and self.transport is not None
             and not self.chunks
-            and self.parser.should_keep_alive()
+            and self.keep_alive
         ):
             self.pool.put(self)
         else:
