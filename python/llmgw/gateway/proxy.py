@@ -98,9 +98,9 @@ class Call:
         self.status = "ok"
         self.route: str | None = None
 
-    def client_gone(self, _: object = None) -> None:
+    def client_gone(self, fut: asyncio.Future[Any]) -> None:
         """The client disconnected: abort whatever upstream exchange is running."""
-        if self.watch is not None and self.watch.cancelled():
+        if fut.cancelled():
             return
         self.gone = True
         if self.exchange is not None:
@@ -149,7 +149,12 @@ class Proxy:
         finally:
             call.timer.cancel()
             if call.watch is not None:
+                # granian keeps this future until the client's connection closes,
+                # which keep-alive clients never do: unhook the callback, or every
+                # request's Call (and all it holds) lives as long as the connection.
+                call.watch.remove_done_callback(call.client_gone)
                 call.watch.cancel()
+                call.watch = None
             self._account(call)
 
     def _watch(self, protocol: Any, call: Call) -> None:
