@@ -89,6 +89,7 @@ class Gateway:
             self.kv_events = KvSubscriber(loop, self.kv_index, self.cfg.endpoints)
             self.kv_events.start()
         self.metrics = Metrics(self._replica_snapshot, self.replicas.router.decisions)
+        self.metrics.kv_stats = None if self.kv_index is None else self.kv_index.stats
         self.replicas._on_ejection = self.metrics.ejection
         t = self.cfg.timeouts
         self.proxy = Proxy(

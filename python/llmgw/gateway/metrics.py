@@ -32,9 +32,10 @@ class _ReplicaCollector(Collector):
     """In-flight and health per replica, read from the router at scrape time."""
 
     def __init__(self, snapshot: Callable[[], list[tuple[str, int, bool]]],
-                 decisions: Callable[[], dict[str, int]]) -> None:
+                 decisions: Callable[[], dict[str, int]], owner: Metrics) -> None:
         self._snapshot = snapshot
         self._decisions = decisions
+        self._owner = owner
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         inflight = GaugeMetricFamily("llmgw_replica_in_flight", "Requests outstanding on a replica.", labels=["replica"])
@@ -51,6 +52,16 @@ class _ReplicaCollector(Collector):
             model, policy, kind = key.split("|", 2)
             routed.add_metric([model, policy, kind], n)
         yield routed
+        stats = self._owner.kv_stats
+        if stats is not None:
+            st = stats()
+            yield GaugeMetricFamily("llmgw_kv_index_blocks", "Blocks in this worker's KV-event index.",
+                                    value=st.get("blocks", 0))
+            events = CounterMetricFamily("llmgw_kv_index_batches", "KV-event batches applied, and sequence "
+                                         "gaps and engine restarts seen.", labels=["what"])
+            for what in ("batches", "gaps", "restarts", "duplicates", "malformed"):
+                events.add_metric([what], st.get(what, 0))
+            yield events
 
 
 class Metrics:
@@ -58,6 +69,8 @@ class Metrics:
 
     def __init__(self, replicas: Callable[[], list[tuple[str, int, bool]]],
                  decisions: Callable[[], dict[str, int]]) -> None:
+        self.kv_stats: Callable[[], dict[str, int]] | None = None
+        """The KV-event index's counters, when the worker has one."""
         self.registry = CollectorRegistry(auto_describe=False)
         made: dict[str, Counter | Histogram] = {}
         for name, (cls, doc, labels) in TABLE.items():
@@ -67,9 +80,9 @@ class Metrics:
                 made[name] = Histogram(base, doc, labels, registry=self.registry, buckets=_LATENCY)
             else:
                 made[name] = cls(base, doc, labels, registry=self.registry)
-        self.registry.register(_ReplicaCollector(replicas, decisions))
+        self.registry.register(_ReplicaCollector(replicas, decisions, self))
         self._replica_registry = CollectorRegistry(auto_describe=False)
-        self._replica_registry.register(_ReplicaCollector(replicas, decisions))
+        self._replica_registry.register(_ReplicaCollector(replicas, decisions, self))
         self._requests = made["llmgw_requests_total"]
         self._duration = made["llmgw_request_duration_seconds"]
         self._ttft = made["llmgw_time_to_first_token_seconds"]
