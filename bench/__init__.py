@@ -1,0 +1,1 @@
+"""llmgw's load-test harness: `python -m bench load|run|soak` (see bench/README.md)."""

@@ -1,0 +1,198 @@
+"""Servers the bench starts and stops, and what /proc says about them (RSS, CPU).
+
+Every server runs in its own session, so its process group holds it and every
+worker it forks (granian); stopping it signals the whole group, and its memory
+and CPU are the sum over the group. psutil is not needed: /proc is enough.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Self
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A started server process group; its output is kept for the report when it fails."""
+
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        port: int,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> None:
+        self.name = name
+        self.args = args
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.lines: list[str] = []
+        self.popen = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        # Read the pipe to its end so a chatty server never blocks on a full pipe.
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            if len(self.lines) < 2000:
+                self.lines.append(line.rstrip("\n"))
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def tail(self, n: int = 15) -> str:
+        """The last lines the server printed."""
+        return "\n".join(self.lines[-n:])
+
+    def wait_ready(self, timeout: float, probe: str = "/health", line: str | None = None) -> None:
+        """Waits until `line` was printed (if given) and GET `probe` answers 2xx; raises otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.popen.returncode}:\n{self.tail()}"
+                )
+            if (line is None or any(line in x for x in self.lines)) and http_ok(self.port, probe):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s:\n{self.tail()}")
+
+    def stop(self, timeout: float = 10) -> None:
+        """SIGTERM the group, then SIGKILL whatever is left; always reaps the child."""
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.popen.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+            if sig == signal.SIGTERM:
+                try:  # workers that outlived the main process
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return
+
+
+def http_ok(port: int, path: str) -> bool:
+    """True when GET path on 127.0.0.1:port answers 2xx within a second."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(
+                f"GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n".encode()
+            )
+            head = s.recv(64)
+    except OSError:
+        return False
+    return head.startswith(b"HTTP/1.") and head[9:10] == b"2"
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Every live process whose process group is `pgid`."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the command (which may hold spaces) start after the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[2]) == pgid:
+            pids.append(int(d.name))
+    return pids
+
+
+def rss_bytes(pids: list[int]) -> int:
+    """Sum of VmRSS over pids (processes that are gone count 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except OSError:
+            pass
+    return total
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """user+system CPU seconds used so far by pids."""
+    total = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / _TICK
+
+
+class Sampler:
+    """Samples a process group's RSS every `every` seconds on a thread; CPU from start to stop."""
+
+    def __init__(self, pgid: int, every: float = 0.25) -> None:
+        self.pids = group_pids(pgid)
+        self.every = every
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.cpu = 0.0
+        self._t0 = 0.0
+        self._c0 = 0.0
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self.samples.append(rss_bytes(self.pids))
+
+    def __enter__(self) -> Self:
+        self._t0, self._c0 = time.perf_counter(), cpu_seconds(self.pids)
+        self.samples.append(rss_bytes(self.pids))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(rss_bytes(self.pids))
+        wall = time.perf_counter() - self._t0
+        self.cpu = (cpu_seconds(self.pids) - self._c0) / wall if wall > 0 else 0.0
+
+    @property
+    def rss_max_mb(self) -> float:
+        return max(self.samples, default=0) / 2**20
+
+    @property
+    def rss_end_mb(self) -> float:
+        return (self.samples[-1] if self.samples else 0) / 2**20

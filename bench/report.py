@@ -1,0 +1,274 @@
+"""Result documents (msgspec Structs, written as JSON), tables, the void rule, machine facts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import platform
+import sys
+from importlib import metadata
+
+import msgspec
+
+from bench.load import LoadResult, LoadSpec
+
+DIRECT = "direct"
+VOID_FACTOR = 3.0  # BENCHMARKS.md rule 2: direct must reach 3x the best gateway
+
+
+class Machine(msgspec.Struct, kw_only=True):
+    """Where a result was measured: only ratios from one machine and run compare."""
+
+    nproc: int
+    cpu_model: str
+    python: str
+    platform: str
+    loadavg_start: list[float]
+    loadavg_end: list[float] = []
+
+
+class Target(msgspec.Struct, kw_only=True):
+    """One thing load is sent to: the upstream itself (`direct`), llmgw or a peer."""
+
+    name: str
+    kind: str  # "upstream" | "gateway"
+    version: str
+    command: list[str]
+    url: str = ""
+    status: str = "ok"  # or "install failed: ..." / "start failed: ..."
+    notes: str = ""
+
+
+class Round(msgspec.Struct, kw_only=True):
+    """One measured round against one target: every round is kept in the result."""
+
+    round: int
+    target: str
+    concurrency: int
+    stream: bool
+    result: LoadResult
+    server_cpu: float | None  # cores used by the target's process group (None: direct)
+    server_rss_mb: float | None  # max RSS of the target's process group during the round
+    upstream_cpu: float | None
+
+
+class Row(msgspec.Struct, kw_only=True):
+    """Median and spread over the rounds of one (target, concurrency)."""
+
+    target: str
+    concurrency: int
+    rounds: int
+    rps: dict[str, float | None]  # {"median", "min", "max"}; null when no round measured it
+    p50_ms: dict[str, float | None]
+    p99_ms: dict[str, float | None]
+    ttft_p50_ms: dict[str, float | None]
+    gap_mean_ms: dict[str, float | None]
+    server_cpu: dict[str, float | None]
+    rss_mb_max: float | None
+    errors: int
+    cut: int
+    client_cpu: float
+
+
+class Result(msgspec.Struct, kw_only=True):
+    """A whole `python -m bench run SCENARIO` result, as written to bench/results/."""
+
+    scenario: str
+    date: str
+    started_at: str
+    finished_at: str
+    command: str
+    machine: Machine
+    versions: dict[str, str]
+    settings: dict[str, bool | int | float | str | list[int]]
+    targets: list[Target]
+    rounds: list[Round]
+    summary: list[Row]
+    void: bool
+    void_reason: str
+    figures: dict[str, float | None]  # the scenario's headline figures (added µs, ratios, MB)
+
+
+def machine_facts() -> Machine:
+    """nproc, CPU model, Python and the load average now."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return Machine(
+        nproc=os.cpu_count() or 0,
+        cpu_model=model,
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        loadavg_start=list(os.getloadavg()),
+    )
+
+
+def versions(*dists: str) -> dict[str, str]:
+    """Installed versions of the given distributions in this interpreter."""
+    out = {}
+    for d in dists:
+        try:
+            out[d] = metadata.version(d)
+        except metadata.PackageNotFoundError:
+            out[d] = "missing"
+    return out
+
+
+def git_state(root: str) -> str:
+    """The commit the measured code came from, `+dirty` when the tree had changes."""
+    import subprocess
+
+    def git(*a: str) -> str:
+        r = subprocess.run(["git", "-C", root, *a], check=False, capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "python", "rust")
+    return head + ("+dirty" if dirty else "")
+
+
+def void_check(summary: list[Row]) -> tuple[bool, str]:
+    """BENCHMARKS.md rule 2, per concurrency level: direct req/s >= 3x the best gateway's.
+
+    A level with no direct figure, or no gateway figure, cannot be checked and is void.
+    """
+    reasons = []
+    for c in sorted({r.concurrency for r in summary}):
+        rows = [r for r in summary if r.concurrency == c]
+        direct = [r.rps["median"] for r in rows if r.target == DIRECT]
+        gws = [
+            r.rps["median"] for r in rows if r.target != DIRECT and not math.isnan(r.rps["median"])
+        ]
+        if not direct or not gws:
+            reasons.append(f"c={c}: nothing to compare")
+            continue
+        best = max(gws)
+        if direct[0] < VOID_FACTOR * best:
+            reasons.append(
+                f"c={c}: direct {direct[0]:,.0f} req/s < {VOID_FACTOR:g}x best gateway {best:,.0f}"
+            )
+    return bool(reasons), "; ".join(reasons)
+
+
+def today() -> str:
+    return dt.date.today().isoformat()
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def _nan(x: float | None) -> bool:
+    return x is None or math.isnan(x)
+
+
+def _f(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:,.{digits}f}"
+
+
+def load_table(spec: LoadSpec, r: LoadResult) -> str:
+    """The end-of-run table of `python -m bench load`."""
+    lines = [
+        f"{spec.url}  model={spec.model}  c={spec.concurrency}  stream={spec.stream}",
+        f"  requests ok   {r.ok:>12,}   in {r.duration_s:.2f} s",
+        f"  requests/s    {r.rps:>12,.1f}",
+        (
+            f"  latency ms    p50 {_f(r.latency_ms['p50'], 3)}  p90 {_f(r.latency_ms['p90'], 3)}  "
+            f"p99 {_f(r.latency_ms['p99'], 3)}"
+        ),
+    ]
+    if spec.stream:
+        lines += [
+            (
+                f"  TTFT ms       p50 {_f(r.ttft_ms['p50'], 3)}  p90 {_f(r.ttft_ms['p90'], 3)}  "
+                f"p99 {_f(r.ttft_ms['p99'], 3)}"
+            ),
+            (
+                f"  chunk gap ms  mean {_f(r.gap_mean_ms, 4)}  p50 {_f(r.gap_ms['p50'], 4)}  "
+                f"p99 {_f(r.gap_ms['p99'], 4)}"
+            ),
+            f"  chunks/s      {r.chunks_per_s:>12,.0f}   ({r.chunks:,} content events)",
+        ]
+    errs = ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())) or "none"
+    lines += [f"  errors        {errs}", f"  client CPU    {r.client_cpu:.2f} cores"]
+    return "\n".join(lines)
+
+
+def _spread(d: dict[str, float | None], digits: int = 2) -> str:
+    if _nan(d["median"]):
+        return "-"
+    return f"{d['median']:,.{digits}f} [{d['min']:,.{digits}f}-{d['max']:,.{digits}f}]"
+
+
+def summary_table(res: Result) -> str:
+    """The table printed at the end of `python -m bench run`: medians [min-max] over rounds."""
+    stream = bool(res.settings.get("stream"))
+    head = f"{'target':<14} {'c':>4} {'req/s':>26} {'p50 ms':>22} {'p99 ms':>22}"
+    head += f" {'TTFT p50 ms':>22} {'gap ms':>22}" if stream else ""
+    head += f" {'CPU':>6} {'RSS MB':>7} {'errors':>6} {'cut':>5}"
+    lines = [
+        f"bench {res.scenario}  {res.date}  {res.machine.nproc} cores  {res.machine.cpu_model}",
+        head,
+    ]
+    for r in res.summary:
+        line = (
+            f"{r.target:<14} {r.concurrency:>4} {_spread(r.rps, 0):>26} {_spread(r.p50_ms, 3):>22} "
+            f"{_spread(r.p99_ms, 3):>22}"
+        )
+        if stream:
+            line += f" {_spread(r.ttft_p50_ms, 3):>22} {_spread(r.gap_mean_ms, 4):>22}"
+        line += (
+            f" {_f(r.server_cpu['median']):>6} {_f(r.rss_mb_max, 0):>7} {r.errors:>6} {r.cut:>5}"
+        )
+        lines.append(line)
+    for t in res.targets:
+        if t.status != "ok":
+            lines.append(f"{t.name}: {t.status}")
+    for k, v in res.figures.items():
+        lines.append(f"{k}: {_f(v) if v is not None else '-'}")
+    if res.scenario == "soak":
+        lines.append("void rule: not applicable (llmgw alone)")
+    elif res.void:
+        lines.append("VOID: " + res.void_reason)
+    else:
+        lines.append("valid: direct >= 3x the best gateway at every level")
+    return "\n".join(lines)
+
+
+def markdown(res: Result) -> str:
+    """A result as the Markdown table bench/README.md shows (`python -m bench table FILE`)."""
+    stream = bool(res.settings.get("stream"))
+    out = [
+        (
+            f"**{res.scenario}** ({res.date}, `{res.command}`, llmgw {res.versions.get('llmgw_git', '?')}, "
+            f"{res.machine.nproc} cores, load average {res.machine.loadavg_start[0]:.1f} at start)"
+        ),
+        "",
+        "| target | c | req/s | p50 ms | p99 ms |"
+        + (" TTFT p50 ms | chunk gap ms |" if stream else "")
+        + " CPU | RSS MB | errors/cut |",
+        "|---|---:|---:|---:|---:|" + ("---:|---:|" if stream else "") + "---:|---:|---:|",
+    ]
+    for r in res.summary:
+        cells = [
+            r.target,
+            str(r.concurrency),
+            _spread(r.rps, 0),
+            _spread(r.p50_ms, 3),
+            _spread(r.p99_ms, 3),
+        ]
+        if stream:
+            cells += [_spread(r.ttft_p50_ms, 1), _spread(r.gap_mean_ms, 4)]
+        cells += [_f(r.server_cpu["median"]), _f(r.rss_mb_max, 0), f"{r.errors}/{r.cut}"]
+        out.append("| " + " | ".join(cells) + " |")
+    if res.figures:
+        out += ["", ", ".join(f"`{k}` {_f(v)}" for k, v in res.figures.items())]
+    out += ["", f"Void: {res.void_reason}" if res.void else "Void rule: passed or not applicable."]
+    return "\n".join(out)

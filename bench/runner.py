@@ -1,0 +1,263 @@
+"""Starting what a scenario needs, running interleaved rounds, and folding them into rows.
+
+The stack is: the simulator in zero-latency mode (the upstream, 2 workers),
+llmgw's gateway with one worker in front of it, and each peer in front of the
+same simulator. All are started before the first round and stopped after the
+last, so every round of every target runs against the same processes.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import uvloop
+
+from bench import peers as peers_mod
+from bench.load import LoadSpec, run_load
+from bench.procs import Sampler, Server, free_port
+from bench.report import DIRECT, Round, Row, Target, versions
+from bench.stats import spread
+
+MODEL = "sim-model"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def llmgw_bin(name: str = "llmgw") -> str:
+    """The llmgw entry point of the interpreter running the bench."""
+    return str(Path(sys.executable).parent / name)
+
+
+@dataclass
+class Stack:
+    """The running upstream, gateways and peers, and what happened to each."""
+
+    sim_workers: int = 2
+    output_tokens: int = 16
+    peer_names: list[str] = field(default_factory=lambda: list(peers_mod.PEERS))
+    targets: list[Target] = field(default_factory=list)
+    servers: dict[str, Server] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="llmgw-bench-")))
+
+    def start(self, with_llmgw: bool = True) -> None:
+        """Starts the upstream, then llmgw, then each peer; a peer that fails is recorded, not fatal."""
+        port = free_port()
+        sim_args = [
+            llmgw_bin(),
+            "engine",
+            "sim",
+            "--port",
+            str(port),
+            "--workers",
+            str(self.sim_workers),
+            "--output-tokens",
+            str(self.output_tokens),
+        ]
+        sim = Server("upstream", sim_args, port)
+        self.servers[DIRECT] = sim
+        sim.wait_ready(60, "/health", "llmgw-sim listening on")
+        self.targets.append(
+            Target(
+                name=DIRECT,
+                kind="upstream",
+                version=versions("llmgw")["llmgw"],
+                command=sim_args,
+                url=sim.url,
+                notes="llmgw engine sim, zero-latency mode",
+            )
+        )
+        if with_llmgw:
+            gport = free_port()
+            gw_args = [
+                llmgw_bin(),
+                "gateway",
+                "--endpoint",
+                f"sim={sim.url}={MODEL}",
+                "--port",
+                str(gport),
+                "--workers",
+                "1",
+            ]
+            t = Target(
+                name="llmgw", kind="gateway", version=versions("llmgw")["llmgw"], command=gw_args
+            )
+            try:
+                gw = Server("llmgw", gw_args, gport)
+                gw.wait_ready(60, "/health", "llmgw gateway listening on")
+                self.servers["llmgw"] = gw
+                t.url = gw.url
+            except RuntimeError as e:
+                t.status = f"start failed: {e}"
+            self.targets.append(t)
+        for name in self.peer_names:
+            self._start_peer(name, sim.url)
+
+    def _start_peer(self, name: str, upstream: str) -> None:
+        peer = peers_mod.PEERS[name]
+        t = Target(name=name, kind="gateway", version=peer.version, command=[])
+        self.targets.append(t)
+        try:
+            venv, notes = peers_mod.ensure(peer, self.log)
+        except Exception as e:  # noqa: BLE001 - any install failure is reported, the run goes on
+            venv, notes = None, f"install failed: {e}"
+        if venv is None:
+            t.status = notes
+            return
+        t.notes = notes or peers_mod.installed_note(peer)
+        try:
+            srv = peers_mod.start(peer, venv, upstream, MODEL, self.workdir)
+        except (RuntimeError, OSError) as e:
+            t.status = f"start failed: {str(e)[-600:]}"
+            return
+        t.command, t.url = srv.args, srv.url
+        self.servers[name] = srv
+
+    def live(self) -> list[str]:
+        """Names of the targets that are up, direct first."""
+        return [t.name for t in self.targets if t.status == "ok" and t.name in self.servers]
+
+    def stop(self) -> None:
+        """Stops everything, peers first and the upstream last."""
+        for name in reversed(list(self.servers)):
+            self.servers[name].stop()
+        self.servers.clear()
+
+
+def schedule(
+    targets: list[str], concurrencies: list[int], rounds: int
+) -> list[tuple[int, int, str]]:
+    """(concurrency, round, target) in the order run: every target once per round (A B A B ...)."""
+    return [(c, r, t) for c in concurrencies for r in range(1, rounds + 1) for t in targets]
+
+
+def run_rounds(
+    stack: Stack,
+    plan: list[tuple[int, int, str]],
+    *,
+    round_s: float,
+    stream: bool,
+    max_tokens: int,
+    warmup_s: float = 0.5,
+) -> list[Round]:
+    """Runs the plan; each round is one time-bounded load against one target, sampled from /proc."""
+    out: list[Round] = []
+    up = stack.servers[DIRECT]
+    warmed: set[str] = set()
+    for i, (c, r, name) in enumerate(plan, 1):
+        srv = stack.servers.get(name)
+        if srv is None:
+            continue
+        # LiteLLM answers in ~0.1 s at best: let slow targets finish what they started.
+        spec = LoadSpec(
+            url=srv.url,
+            model=MODEL,
+            concurrency=c,
+            duration=round_s,
+            stream=stream,
+            max_tokens=max_tokens,
+            timeout=30.0,
+            api_key=peers_mod.API_KEYS.get(name, "bench"),
+        )
+        if (
+            name not in warmed
+        ):  # first touch of a target (caches, JIT-less warm paths): not measured
+            warmed.add(name)
+            warm = {**_asdict(spec), "duration": warmup_s, "concurrency": min(c, 8), "grace": 1.0}
+            uvloop.run(run_load(LoadSpec(**warm)))
+        watched = name != DIRECT
+        with Sampler(srv.pid) as s_gw, Sampler(up.pid) as s_up:
+            res = uvloop.run(run_load(spec))
+        out.append(
+            Round(
+                round=r,
+                target=name,
+                concurrency=c,
+                stream=stream,
+                result=res,
+                server_cpu=s_gw.cpu if watched else None,
+                server_rss_mb=s_gw.rss_max_mb if watched else None,
+                upstream_cpu=s_up.cpu,
+            )
+        )
+        errs = sum(res.errors.values())
+        print(
+            f"bench: [{i}/{len(plan)}] c={c:<4} round {r} {name:<14} {res.rps:>9,.0f} req/s  "
+            f"p50 {res.latency_ms['p50']:.3f} ms  p99 {res.latency_ms['p99']:.3f} ms"
+            + (f"  {errs} errors" if errs else ""),
+            file=sys.stderr,
+        )
+    return out
+
+
+def _asdict(spec: LoadSpec) -> dict[str, object]:
+    import msgspec
+
+    return msgspec.structs.asdict(spec)
+
+
+def fold(rounds: list[Round], order: list[str]) -> list[Row]:
+    """Median [min, max] over rounds, per (target, concurrency), in run order."""
+    rows = []
+    levels = sorted({r.concurrency for r in rounds})
+    for c in levels:
+        for name in order:
+            rs = [r for r in rounds if r.target == name and r.concurrency == c]
+            if not rs:
+                continue
+            cpus = [r.server_cpu for r in rs if r.server_cpu is not None]
+            rss = [r.server_rss_mb for r in rs if r.server_rss_mb is not None]
+            rows.append(
+                Row(
+                    target=name,
+                    concurrency=c,
+                    rounds=len(rs),
+                    rps=spread([r.result.rps for r in rs]),
+                    p50_ms=spread([r.result.latency_ms["p50"] for r in rs]),
+                    p99_ms=spread([r.result.latency_ms["p99"] for r in rs]),
+                    ttft_p50_ms=spread([r.result.ttft_ms.get("p50", math.nan) for r in rs]),
+                    gap_mean_ms=spread([r.result.gap_mean_ms for r in rs]),
+                    server_cpu=spread(cpus) if cpus else spread([]),
+                    rss_mb_max=max(rss) if rss else math.nan,
+                    errors=sum(sum(r.result.errors.values()) for r in rs),
+                    cut=sum(r.result.cut for r in rs),
+                    client_cpu=spread([r.result.client_cpu for r in rs])["median"],
+                )
+            )
+    return rows
+
+
+def paired_added(rounds: list[Round], name: str, key: str, c: int) -> float | None:
+    """Median over rounds of (target's figure - direct's figure in the same round), in µs.
+
+    Pairing by round cancels most of the machine's drift between rounds.
+    """
+    diffs = []
+    for r in {x.round for x in rounds if x.concurrency == c}:
+        t = [x for x in rounds if x.round == r and x.target == name and x.concurrency == c]
+        d = [x for x in rounds if x.round == r and x.target == DIRECT and x.concurrency == c]
+        if t and d:
+            diffs.append((_figure(t[0], key) - _figure(d[0], key)) * 1000)
+    med = spread(diffs)["median"]
+    return None if math.isnan(med) else med
+
+
+def _figure(r: Round, key: str) -> float:
+    res = r.result
+    if key == "gap_mean":
+        return res.gap_mean_ms
+    kind, p = key.split("_")  # e.g. "latency_p50", "ttft_p50"
+    return {"latency": res.latency_ms, "ttft": res.ttft_ms}[kind].get(p, math.nan)
+
+
+def wait_quiet(max_load: float = 1.0, max_wait: float = 0.0) -> None:
+    """Optionally waits (up to max_wait s) for the 1-minute load average to fall under max_load."""
+    import os
+
+    deadline = time.monotonic() + max_wait
+    while os.getloadavg()[0] > max_load and time.monotonic() < deadline:
+        time.sleep(5)

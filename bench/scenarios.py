@@ -1,0 +1,222 @@
+"""The standard scenarios of BENCHMARKS.md that llmgw can run today, and `soak`.
+
+- overhead: one client at a time; added p50/p99 latency over going direct.
+- throughput: concurrency 1, 32, 256, non-streamed; req/s, p50/p99, gateway CPU and RSS.
+- streaming: many concurrent streams of N chunks; added TTFT and added time per chunk.
+- soak: llmgw alone, N requests at c=32; RSS after each half and its growth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import uvloop
+
+from bench.load import LoadSpec, run_load
+from bench.procs import Sampler, group_pids, rss_bytes
+from bench.report import (
+    DIRECT,
+    Result,
+    Round,
+    Row,
+    git_state,
+    machine_facts,
+    now_iso,
+    summary_table,
+    today,
+    versions,
+    void_check,
+)
+from bench.runner import MODEL, ROOT, Stack, fold, paired_added, run_rounds, schedule
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A scenario's fixed shape; rounds and durations come from the command line."""
+
+    concurrencies: tuple[int, ...]
+    stream: bool
+    output_tokens: int
+    round_s: float
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "overhead": Scenario((1,), False, 16, 2.0),
+    "throughput": Scenario((1, 32, 256), False, 16, 2.0),
+    "streaming": Scenario((128,), True, 64, 3.0),
+    "soak": Scenario((32,), False, 16, 0.0),
+}
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by `run` and `soak`."""
+    p.add_argument("--rounds", type=int, default=5, help="rounds per target and level (default 5)")
+    p.add_argument("--round-s", type=float, help="seconds per round (default: the scenario's)")
+    p.add_argument(
+        "--quick", action="store_true", help="2 rounds of 1 s: a smoke run, not a result"
+    )
+    p.add_argument(
+        "--peers",
+        default="vllm-router,sglang-router,litellm",
+        help="comma-separated peers to include ('' for none)",
+    )
+    p.add_argument("--concurrency", help="comma-separated levels instead of the scenario's")
+    p.add_argument("--output-tokens", type=int, help="chunks per streamed answer (streaming)")
+    p.add_argument(
+        "--requests", type=int, default=100_000, help="soak: requests in all (default 100000)"
+    )
+    p.add_argument("--out", help="result path (default bench/results/SCENARIO-DATE.json)")
+
+
+def run_scenario(args: argparse.Namespace) -> int:
+    """Runs one scenario end to end and writes its result; returns the exit status."""
+    sc = SCENARIOS[args.scenario]
+    rounds = 2 if args.quick else args.rounds
+    round_s = args.round_s or (1.0 if args.quick else sc.round_s)
+    levels = (
+        [int(x) for x in args.concurrency.split(",")]
+        if args.concurrency
+        else list(sc.concurrencies)
+    )
+    tokens = args.output_tokens or sc.output_tokens
+    peer_names = [] if args.scenario == "soak" else [p for p in args.peers.split(",") if p]
+    machine, started = machine_facts(), now_iso()
+    code = git_state(str(ROOT))  # at start: the code the servers load
+    stack = Stack(output_tokens=tokens, peer_names=peer_names)
+    figures: dict[str, float | None] = {}
+    try:
+        stack.start()
+        live = stack.live()
+        if args.scenario == "soak":
+            all_rounds = _soak(stack, args.requests, levels[0], figures)
+            order = ["llmgw"]
+        else:
+            plan = schedule(live, levels, rounds)
+            all_rounds = run_rounds(
+                stack, plan, round_s=round_s, stream=sc.stream, max_tokens=tokens
+            )
+            order = live
+    finally:
+        stack.stop()
+    machine.loadavg_end = list(os.getloadavg())
+    summary = fold(all_rounds, order)
+    void, why = (False, "") if args.scenario == "soak" else void_check(summary)
+    if args.scenario != "soak":
+        figures.update(_figures(args.scenario, all_rounds, summary, levels))
+    res = Result(
+        scenario=args.scenario,
+        date=today(),
+        started_at=started,
+        finished_at=now_iso(),
+        command=shlex.join([Path(sys.executable).name, "-m", "bench", *sys.argv[1:]]),
+        machine=machine,
+        versions={
+            **versions("llmgw", "granian", "uvloop", "httptools", "msgspec"),
+            "llmgw_git": code,
+        },
+        settings={
+            "rounds": rounds,
+            "round_s": round_s,
+            "concurrency": levels,
+            "stream": sc.stream,
+            "output_tokens": tokens,
+            "sim_workers": stack.sim_workers,
+            "gateway_workers": 1,
+            "requests": args.requests if args.scenario == "soak" else 0,
+            "quick": args.quick,
+        },
+        targets=stack.targets,
+        rounds=all_rounds,
+        summary=summary,
+        void=void,
+        void_reason=why,
+        figures=figures,
+    )
+    out = (
+        Path(args.out)
+        if args.out
+        else ROOT / "bench" / "results" / f"{args.scenario}-{res.date}.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(msgspec.json.format(msgspec.json.encode(res)) + b"\n")
+    print(summary_table(res))
+    print(f"bench: wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _figures(
+    name: str, rounds: list[Round], summary: list[Row], levels: list[int]
+) -> dict[str, float | None]:
+    """The headline figures: added µs over direct (paired by round), and ratios to vllm-router."""
+    gws = sorted({r.target for r in rounds if r.target != DIRECT})
+    out: dict[str, float | None] = {}
+    c = levels[0]
+    if name == "overhead":
+        for g in gws:
+            out[f"{g}_added_p50_us"] = paired_added(rounds, g, "latency_p50", c)
+            out[f"{g}_added_p99_us"] = paired_added(rounds, g, "latency_p99", c)
+    elif name == "streaming":
+        for g in gws:
+            out[f"{g}_added_ttft_p50_us"] = paired_added(rounds, g, "ttft_p50", c)
+            out[f"{g}_added_per_chunk_us"] = paired_added(rounds, g, "gap_mean", c)
+    elif name == "throughput":
+        by = {(r.target, r.concurrency): r for r in summary}
+        for lvl in levels:
+            a, b = by.get(("llmgw", lvl)), by.get(("vllm-router", lvl))
+            if a and b and b.rps["median"] > 0:
+                out[f"llmgw_over_vllm_router_rps_c{lvl}"] = a.rps["median"] / b.rps["median"]
+                out[f"llmgw_minus_vllm_router_p99_ms_c{lvl}"] = (
+                    a.p99_ms["median"] - b.p99_ms["median"]
+                )
+    return out
+
+
+def _soak(stack: Stack, total: int, c: int, figures: dict[str, float | None]) -> list[Round]:
+    """Two halves of total/2 requests each against llmgw; RSS before, between and after."""
+    gw = stack.servers["llmgw"]
+
+    def pids_rss() -> float:
+        # Re-listed each time: granian may have restarted a worker.
+        return rss_bytes(group_pids(gw.pid)) / 2**20
+
+    half = max(total // 2, 1)
+    rss = [pids_rss()]
+    out = []
+    for i in (1, 2):
+        spec = LoadSpec(url=gw.url, model=MODEL, concurrency=c, requests=half, timeout=30.0)
+        with Sampler(gw.pid, every=1.0) as s:
+            res = uvloop.run(run_load(spec, progress=True))
+        rss.append(pids_rss())
+        out.append(
+            Round(
+                round=i,
+                target="llmgw",
+                concurrency=c,
+                stream=False,
+                result=res,
+                server_cpu=s.cpu,
+                server_rss_mb=s.rss_max_mb,
+                upstream_cpu=None,
+            )
+        )
+        print(
+            f"bench: soak half {i}: {res.ok:,} ok, {res.rps:,.0f} req/s, RSS {rss[-1]:.1f} MB",
+            file=sys.stderr,
+        )
+    figures.update(
+        {
+            "rss_start_mb": rss[0],
+            "rss_half_mb": rss[1],
+            "rss_end_mb": rss[2],
+            "growth_first_half_mb": rss[1] - rss[0],
+            "growth_second_half_mb": rss[2] - rss[1],
+            "requests": float(2 * half),
+        }
+    )
+    return out

@@ -1,0 +1,221 @@
+"""The result format, the void rule, round interleaving and the SSE counting of bench/."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import pytest
+from bench.load import LoadResult, LoadSpec, build_request, content_events, target_path
+from bench.report import DIRECT, Machine, Result, Round, Row, Target, summary_table, void_check
+from bench.runner import fold, paired_added, schedule
+from bench.stats import spread
+
+
+def _res(rps: float, p50: float = 1.0, p99: float = 2.0, gap: float = math.nan) -> LoadResult:
+    return LoadResult(
+        ok=int(rps),
+        cut=0,
+        errors={},
+        duration_s=1.0,
+        rps=rps,
+        latency_ms={"p50": p50, "p90": p50, "p99": p99, "mean": p50},
+        ttft_ms={},
+        gap_ms={},
+        gap_mean_ms=gap,
+        chunks=0,
+        chunks_per_s=0.0,
+        client_cpu=0.5,
+    )
+
+
+def _row(target: str, c: int, rps: float) -> Row:
+    s = spread([rps])
+    return Row(
+        target=target,
+        concurrency=c,
+        rounds=1,
+        rps=s,
+        p50_ms=s,
+        p99_ms=s,
+        ttft_p50_ms=spread([]),
+        gap_mean_ms=spread([]),
+        server_cpu=spread([]),
+        rss_mb_max=math.nan,
+        errors=0,
+        cut=0,
+        client_cpu=0.5,
+    )
+
+
+def test_schedule_interleaves_targets_within_each_round() -> None:
+    plan = schedule(["direct", "a", "b"], [1, 32], 2)
+    assert plan == [
+        (1, 1, "direct"),
+        (1, 1, "a"),
+        (1, 1, "b"),
+        (1, 2, "direct"),
+        (1, 2, "a"),
+        (1, 2, "b"),
+        (32, 1, "direct"),
+        (32, 1, "a"),
+        (32, 1, "b"),
+        (32, 2, "direct"),
+        (32, 2, "a"),
+        (32, 2, "b"),
+    ]
+
+
+def test_void_rule() -> None:
+    ok = [_row(DIRECT, 32, 3000), _row("llmgw", 32, 1000), _row("vllm-router", 32, 900)]
+    assert void_check(ok) == (False, "")
+    bad = [_row(DIRECT, 32, 2999), _row("llmgw", 32, 1000)]
+    void, why = void_check(bad)
+    assert void and "c=32" in why
+    # one valid level does not rescue another
+    void, why = void_check(ok + [_row(DIRECT, 1, 100), _row("llmgw", 1, 50)])
+    assert void and "c=1" in why and "c=32" not in why
+    assert void_check([_row("llmgw", 1, 50)])[0]  # no direct figure: cannot be valid
+
+
+def test_fold_and_paired_added() -> None:
+    rounds = [
+        Round(
+            round=r,
+            target=t,
+            concurrency=1,
+            stream=False,
+            result=_res(100, p50=base + r * 0.1),
+            server_cpu=None if t == DIRECT else 0.5,
+            server_rss_mb=None if t == DIRECT else 70.0,
+            upstream_cpu=0.3,
+        )
+        for r in (1, 2, 3)
+        for t, base in ((DIRECT, 0.1), ("llmgw", 0.25))
+    ]
+    rows = fold(rounds, [DIRECT, "llmgw"])
+    assert [(r.target, r.rounds) for r in rows] == [(DIRECT, 3), ("llmgw", 3)]
+    assert rows[1].p50_ms["median"] == pytest.approx(0.45)
+    assert rows[1].rss_mb_max == 70.0 and math.isnan(rows[0].rss_mb_max)
+    assert paired_added(rounds, "llmgw", "latency_p50", 1) == pytest.approx(150.0)  # µs
+
+
+def _result() -> Result:
+    rounds = [
+        Round(
+            round=1,
+            target=t,
+            concurrency=32,
+            stream=False,
+            result=_res(r),
+            server_cpu=None,
+            server_rss_mb=None,
+            upstream_cpu=None,
+        )
+        for t, r in ((DIRECT, 3000.0), ("llmgw", 1100.0))
+    ]
+    summary = fold(rounds, [DIRECT, "llmgw"])
+    void, why = void_check(summary)
+    return Result(
+        scenario="throughput",
+        date="2026-01-01",
+        started_at="x",
+        finished_at="y",
+        command="python -m bench run throughput",
+        machine=Machine(
+            nproc=2, cpu_model="cpu", python="3.11", platform="linux", loadavg_start=[0, 0, 0]
+        ),
+        versions={"llmgw": "0.1.0"},
+        settings={"rounds": 1, "concurrency": [32], "stream": False},
+        targets=[
+            Target(name=DIRECT, kind="upstream", version="0.1.0", command=["llmgw"]),
+            Target(
+                name="litellm",
+                kind="gateway",
+                version="1.110.2",
+                command=[],
+                status="install failed: no",
+            ),
+        ],
+        rounds=rounds,
+        summary=summary,
+        void=void,
+        void_reason=why,
+        figures={"x": None},
+    )
+
+
+REQUIRED = {
+    "scenario": str,
+    "date": str,
+    "started_at": str,
+    "finished_at": str,
+    "command": str,
+    "machine": dict,
+    "versions": dict,
+    "settings": dict,
+    "targets": list,
+    "rounds": list,
+    "summary": list,
+    "void": bool,
+    "void_reason": str,
+    "figures": dict,
+}
+
+
+def test_result_json_schema_round_trips() -> None:
+    raw = msgspec.json.encode(_result())
+    doc = msgspec.json.decode(raw)
+    for key, typ in REQUIRED.items():
+        assert isinstance(doc[key], typ), key
+    assert {"nproc", "cpu_model", "python", "loadavg_start"} <= doc["machine"].keys()
+    rnd = doc["rounds"][0]
+    assert {"round", "target", "concurrency", "result", "server_cpu", "server_rss_mb"} <= rnd.keys()
+    assert {"ok", "cut", "errors", "rps", "latency_ms", "ttft_ms", "gap_ms", "client_cpu"} <= rnd[
+        "result"
+    ].keys()
+    assert {"median", "min", "max"} == doc["summary"][0]["rps"].keys()
+    assert {"name", "version", "command", "status"} <= doc["targets"][0].keys()
+    assert msgspec.json.decode(raw, type=Result) == msgspec.json.decode(
+        raw, type=Result
+    )  # typed decode
+
+
+def test_summary_table_says_void_and_failed_peers() -> None:
+    text = summary_table(_result())
+    assert "VOID" in text and "litellm: install failed" in text and "llmgw" in text
+
+
+def test_committed_results_decode() -> None:
+    from pathlib import Path
+
+    from bench.scenarios import SCENARIOS
+
+    results = Path(__file__).parents[2] / "bench" / "results"
+    for name in SCENARIOS:  # other harnesses may keep their own files in bench/results
+        for path in sorted(results.glob(f"{name}-????-??-??.json")):
+            res = msgspec.json.decode(path.read_bytes(), type=Result)
+            assert res.scenario == name and res.rounds
+
+
+def test_target_path_and_request() -> None:
+    assert target_path("http://127.0.0.1:8080") == ("127.0.0.1", 8080, "/v1/chat/completions")
+    assert target_path("http://h:1/v1/") == ("h", 1, "/v1/chat/completions")
+    assert target_path("h:2/x/chat") == ("h", 2, "/x/chat")
+    head, body = build_request(LoadSpec(url="http://h:1", stream=True))
+    assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert f"content-length: {len(body)}".encode() in head
+    assert msgspec.json.decode(body)["stream"] is True
+
+
+def test_content_events_counts_only_content_and_keeps_partial_events() -> None:
+    buf = bytearray(
+        b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+        b'data: {"choices":[{"delta":{"content":" a"}}]}\r\n\r\n'
+        b'data: {"choices":[],"usage":{"total_tokens":3}}\n\n'
+        b'data: {"choices":[{"delta": {"content": " b"}}]}\n\ndata: [DO'
+    )
+    assert content_events(buf) == (2, False)
+    assert buf == b"data: [DO"
+    buf += b"NE]\n\n"
+    assert content_events(buf) == (0, True)
