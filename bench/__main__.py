@@ -59,11 +59,29 @@ def _scenario(args: argparse.Namespace) -> int:
 
 
 def _table(args: argparse.Namespace) -> int:
+    from bench.index import IndexResult
+    from bench.index import markdown as index_markdown
     from bench.report import Result, markdown
+    from bench.routing_report import RoutingResult
+    from bench.routing_report import markdown as routing_markdown
 
     for path in args.files:
-        print(markdown(msgspec.json.decode(Path(path).read_bytes(), type=Result)) + "\n")
+        raw = Path(path).read_bytes()
+        scenario = msgspec.json.decode(raw, type=_Scenario).scenario
+        if scenario == "routing":
+            text = routing_markdown(msgspec.json.decode(raw, type=RoutingResult))
+        elif scenario == "index":
+            text = index_markdown(msgspec.json.decode(raw, type=IndexResult))
+        else:
+            text = markdown(msgspec.json.decode(raw, type=Result))
+        print(text + "\n")
     return 0
+
+
+class _Scenario(msgspec.Struct):
+    """Just the scenario of a result file, to pick its table."""
+
+    scenario: str
 
 
 def main(argv: list[str] | None = None) -> int:

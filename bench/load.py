@@ -142,10 +142,6 @@ def content_events(buf: bytearray) -> tuple[int, bool]:
                 n += 1
 
 
-# One pool per load worker (max_idle=1), so one keep-alive connection each.
-_Pool = Pool
-
-
 class _Run:
     """Shared state of one run: the budget, and the samples every worker appends to."""
 
@@ -277,7 +273,7 @@ async def run_load(spec: LoadSpec, progress: bool = False, warmup: int = 0) -> L
     host, port, _ = target_path(spec.url)
     head, body = build_request(spec)
     loop = asyncio.get_running_loop()
-    pools: list[Pool] = [_Pool(loop, host, port, max_idle=1) for _ in range(spec.concurrency)]
+    pools: list[Pool] = [Pool(loop, host, port, max_idle=1) for _ in range(spec.concurrency)]
     # Open every connection (and warm it) before the clock starts: connect cost is not load.
     warm = _Run(LoadSpec(**{**msgspec.structs.asdict(spec), "requests": 0, "duration": 0.0}))
     warm.end = time.perf_counter() + spec.timeout

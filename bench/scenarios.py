@@ -4,6 +4,9 @@
 - throughput: concurrency 1, 32, 256, non-streamed; req/s, p50/p99, gateway CPU and RSS.
 - streaming: many concurrent streams of N chunks; added TTFT and added time per chunk.
 - soak: llmgw alone, N requests at c=32; RSS after each half and its growth.
+- routing: prefix-cache-aware routing policies against an oracle and vllm-router
+  (bench/routing.py).
+- index: the KV-event index's Rust bench, against the issue's targets (bench/index.py).
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ SCENARIOS: dict[str, Scenario] = {
     "throughput": Scenario((1, 32, 256), False, 16, 2.0),
     "streaming": Scenario((128,), True, 64, 3.0),
     "soak": Scenario((32,), False, 16, 0.0),
+    # Their own runners (bench/routing.py, bench/index.py); these shapes are not used.
+    "routing": Scenario((16,), True, 16, 60.0),
+    "index": Scenario((1,), False, 0, 0.0),
 }
 
 
@@ -72,10 +78,22 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "--requests", type=int, default=100_000, help="soak: requests in all (default 100000)"
     )
     p.add_argument("--out", help="result path (default bench/results/SCENARIO-DATE.json)")
+    p.add_argument("--users", type=int, help="routing: chat users (default 32)")
+    p.add_argument("--turns", type=int, help="routing: turns per user (default 8)")
+    p.add_argument("--replicas", type=int, help="routing: simulator replicas (default 4)")
+    p.add_argument("--cache-blocks", type=int, help="routing: prefix-cache blocks per replica")
 
 
 def run_scenario(args: argparse.Namespace) -> int:
     """Runs one scenario end to end and writes its result; returns the exit status."""
+    if args.scenario == "routing":
+        from bench.routing import run_routing
+
+        return run_routing(args)
+    if args.scenario == "index":
+        from bench.index import run_index
+
+        return run_index(args)
     sc = SCENARIOS[args.scenario]
     rounds = 2 if args.quick else args.rounds
     round_s = args.round_s or (1.0 if args.quick else sc.round_s)
