@@ -33,8 +33,8 @@ test-python: install ## pytest: unit, property and end-to-end tests with real pr
 
 test: test-rust test-python ## the whole test suite
 
-bench: install ## the load-test harness (see bench/README.md)
-	$(PY) -m bench --help
+bench: install ## the throughput scenario side by side with the peers (bench/README.md has the rest)
+	$(PY) -m bench run throughput
 
 clean: ## remove build output
 	rm -rf target $(VENV) python/llmgw/*.so
