@@ -111,3 +111,18 @@ def test_unknown_route_and_method(gateway: Gateway) -> None:
     r.read()
     conn.close()
     assert r.status == 404 and r.getheader("x-request-id")
+
+
+def test_busy_replicas_are_tried_then_429(gateway_factory: Callable[..., Gateway]) -> None:
+    from .conftest import start_sim
+
+    with start_sim("--model", "sim-model") as a, start_sim("--model", "sim-model") as b:
+        gw = gateway_factory([f"a={a.url}=sim-model", f"b={b.url}=sim-model"])
+        status, headers, body = post(gw, "/v1/chat/completions", CHAT, {"x-sim-fault": "fail=429"})
+        assert status == 429 and headers["retry-after"] == "1"
+        assert_error(body, "replicas_busy")
+        rec = gw.usage(1)[0]
+        assert rec["retries"] == 1 and rec["status"] == "busy"
+        # Busy is not broken: neither replica was ejected.
+        assert gw.metric("llmgw_replica_healthy", replica="a") == 1
+        assert gw.metric("llmgw_replica_healthy", replica="b") == 1

@@ -35,6 +35,7 @@ class Kind(enum.Enum):
     MODEL_NOT_FOUND = (404, "invalid_request_error", "model_not_found")
     METHOD_NOT_ALLOWED = (405, "invalid_request_error", "method_not_allowed")
     BODY_TOO_LARGE = (413, "invalid_request_error", "body_too_large")
+    REPLICAS_BUSY = (429, "rate_limit_error", "replicas_busy")
     INTERNAL = (500, "server_error", "internal_error")
     UPSTREAM_FAILED = (502, "upstream_error", "upstream_failed")
     NO_REPLICA = (503, "service_unavailable", "no_healthy_replica")

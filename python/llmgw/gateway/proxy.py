@@ -219,6 +219,16 @@ class Proxy:
                 f"replica {r.id} answered HTTP {status} for model {call.target!r}",
                 "upstream_error",
             ))
+        if status == 429:
+            # The engine's queue is full: another replica may have room. Not a
+            # fault of the replica, so no ejection.
+            ex.close()
+            raise _Retry(Failure(
+                Kind.REPLICAS_BUSY,
+                f"replica {r.id} is at capacity for model {call.target!r} (HTTP 429); "
+                f"retry after {self.retry_after}s",
+                "busy", retry_after=self.retry_after,
+            ))
         ctype = ex.header(b"content-type") or b""
         if call.stream and status == 200 and ctype.startswith(b"text/event-stream"):
             await self._relay_stream(protocol, call, r, ex, strip_usage, deadline)
