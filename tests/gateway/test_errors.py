@@ -126,3 +126,11 @@ def test_busy_replicas_are_tried_then_429(gateway_factory: Callable[..., Gateway
         # Busy is not broken: neither replica was ejected.
         assert gw.metric("llmgw_replica_healthy", replica="a") == 1
         assert gw.metric("llmgw_replica_healthy", replica="b") == 1
+
+
+def test_deeply_nested_json_is_400(gateway: Gateway) -> None:
+    deep = b'{"model": "sim-model", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    status, _, body = post(gateway, "/v1/chat/completions", deep)
+    assert status == 400
+    assert_error(body, "invalid_json")
+    assert "too deeply" in body["error"]["message"]

@@ -155,6 +155,11 @@ class Gateway:
         except msgspec.DecodeError as e:
             return self._error(protocol, rid, Kind.INVALID_JSON,
                                f"request body is not valid JSON: {e}; send a JSON object")
+        except RecursionError:
+            # msgspec stops at the interpreter's recursion limit; a client must not
+            # be able to turn that into a 500 (or worse) with a few kilobytes of [[[.
+            return self._error(protocol, rid, Kind.INVALID_JSON,
+                               "request body nests arrays or objects too deeply to read; flatten it")
         model = head.model
         target = self.aliases.get(model, model)
         assert self.proxy is not None and self.replicas is not None
