@@ -66,6 +66,8 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Longest silence between two body chunks of an answer."""
     total: Seconds = 600.0
     """The whole request, retries included."""
+    client_headers: Seconds = 10.0
+    """A client must have sent its request headers this long after connecting (slowloris)."""
 
 
 class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

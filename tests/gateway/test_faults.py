@@ -180,3 +180,24 @@ def test_active_probes_follow_replica_health(gateway_factory: Callable[..., Gate
         resp.read()
         conn.close()
         assert resp.status == 503 and resp.getheader("retry-after") == "1"
+
+
+def test_slowloris_is_cut_at_the_header_deadline(gateway_factory: Callable[..., Gateway], sim: Proc) -> None:
+    import socket
+
+    gw = gateway_factory([f"r1={sim.url}=sim-model"], {"timeouts": {"client_headers": 1}})
+    u = urlsplit(gw.url)
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        t0 = time.monotonic()
+        got = b""
+        try:
+            while chunk := s.recv(4096):  # the gateway answers 408 or just closes
+                got += chunk
+        except ConnectionResetError:
+            pass
+        waited = time.monotonic() - t0
+    assert 0.5 < waited < 5, f"connection held for {waited:.1f}s"
+    assert got == b"" or got.startswith(b"HTTP/1.1 408")
+    # Other clients were served all along.
+    assert client(gw).models.list().data

@@ -71,6 +71,7 @@ def serve(cfg: GatewayConfig) -> None:
     """Runs granian with the gateway app until it is told to stop."""
     from granian import Granian
     from granian.constants import Interfaces, Loops
+    from granian.http import HTTP1Settings
     from granian.log import LogLevels
 
     os.environ[CONFIG_ENV] = encode_gateway(cfg).decode()
@@ -93,6 +94,7 @@ def serve(cfg: GatewayConfig) -> None:
         log_access=False,
         log_level=LogLevels.warning,
         backlog=2048,
+        http1_settings=HTTP1Settings(header_read_timeout=int(cfg.timeouts.client_headers * 1000)),
     )
     line = (f"llmgw gateway listening on http://{cfg.host}:{cfg.port} "
             f"({len(cfg.endpoints)} replicas, {cfg.workers} worker{'s' if cfg.workers > 1 else ''})")
