@@ -208,7 +208,7 @@ class SimApp:
         body = await protocol()
         try:
             req = self._chat_dec.decode(body)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             raise HttpError(400, f"Invalid request body: {exc}") from None
         job = Job(True, scope, "chatcmpl-" + rid, self._check_model(req.model),
                   [render_chat(req.messages)])  # fmt: skip
@@ -220,7 +220,7 @@ class SimApp:
         body = await protocol()
         try:
             req = self._cmpl_dec.decode(body)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             raise HttpError(400, f"Invalid request body: {exc}") from None
         model = self._check_model(req.model)
         job = Job(False, scope, "cmpl-" + rid, model, prompt_texts(req.prompt, "prompt"))
@@ -251,7 +251,7 @@ class SimApp:
     async def _embeddings(self, protocol: HTTPProtocol, rid: str) -> None:
         try:
             req = self._emb_dec.decode(await protocol())
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             raise HttpError(400, f"Invalid request body: {exc}") from None
         model = self._check_model(req.model)
         texts = prompt_texts(req.input, "input")
