@@ -42,6 +42,10 @@ class StreamTap:
         """Returns what is left buffered (an incomplete last event) at end of body."""
 
     @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete event held back (the caller bounds it)."""
+
+    @property
     def chunks(self) -> int:
         """Data events with a JSON payload seen so far (`[DONE]` not counted)."""
 

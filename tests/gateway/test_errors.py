@@ -134,3 +134,45 @@ def test_deeply_nested_json_is_400(gateway: Gateway) -> None:
     assert status == 400
     assert_error(body, "invalid_json")
     assert "too deeply" in body["error"]["message"]
+
+
+def test_an_event_that_never_ends_is_cut_at_max_response_bytes(gateway_factory: Callable[..., Gateway]) -> None:
+    import socket
+    import threading
+
+    # A broken "engine": 200 text/event-stream, then bytes with no event boundary, forever.
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    if conn.recv(65536).startswith(b"GET"):  # health probes: healthy
+                        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                        continue
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                                 b"transfer-encoding: chunked\r\n\r\n")
+                    chunk = b"data: " + b"x" * 8192
+                    while not stop.is_set():
+                        conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                except OSError:
+                    continue
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        gw = gateway_factory([f"bad=http://127.0.0.1:{port}=sim-model"],
+                             {"max_response_bytes": 100_000, "retries": 0, "health": {"probe_interval": 60}})
+        body = json.dumps({"model": "sim-model", "messages": [], "stream": True}).encode()
+        status, _, err = post(gw, "/v1/chat/completions", body)
+        assert status == 502
+        assert "never ended" in err["error"]["message"]
+    finally:
+        stop.set()
+        srv.close()

@@ -324,6 +324,10 @@ class Proxy:
         try:
             while (chunk := await ex.read_chunk(self.idle, deadline)) is not None:
                 out = tap.feed(chunk)
+                if tap.buffered > self.max_response_bytes:
+                    # One SSE event larger than a whole answer may be: garbage,
+                    # or an upstream that never ends its events. Stop reading.
+                    raise ConnectionBroken("body", f"an event of over {self.max_response_bytes} bytes never ended")
                 if call.ttft is None and tap.has_token:
                     call.ttft = time.perf_counter() - t0
                 if out:

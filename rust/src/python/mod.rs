@@ -80,6 +80,12 @@ impl StreamTap {
         self.tap.summary().chunks
     }
 
+    /// Bytes of an incomplete event held back.
+    #[getter]
+    fn buffered(&self) -> usize {
+        self.tap.buffered()
+    }
+
     #[getter]
     fn content_chunks(&self) -> u64 {
         self.tap.summary().content_chunks

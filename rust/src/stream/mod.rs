@@ -161,6 +161,13 @@ impl Tap {
         &self.summary
     }
 
+    /// Bytes of an incomplete event held back. The caller bounds it: an
+    /// upstream that never ends an event would otherwise grow it without end.
+    #[must_use]
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
     /// Consumes one chunk and hands what to send now to `emit`.
     pub fn feed<R>(&mut self, chunk: &[u8], emit: impl FnOnce(Out<'_>) -> R) -> R {
         let mut spans = std::mem::take(&mut self.spans);
