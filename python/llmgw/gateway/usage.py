@@ -52,7 +52,6 @@ class UsageSink:
         self.path = path
         self.interval = interval
         self.pending: list[UsageRecord] = []
-        self.recent: list[UsageRecord] = []
         self._task: asyncio.Task[None] | None = None
         self._encoder = msgspec.json.Encoder()
 
