@@ -331,17 +331,11 @@ class Proxy:
                 if call.ttft is None and tap.has_token:
                     call.ttft = time.perf_counter() - t0
                 if out:
-                    if transport is None:
-                        transport = protocol.response_stream(200, [
-                            ("content-type", "text/event-stream"), ("cache-control", "no-cache"),
-                            ("x-request-id", call.rid)])
+                    transport = transport or _open_stream(protocol, call)
                     await transport.send_bytes(out)
             tail = tap.finish()
             if tail:
-                if transport is None:
-                    transport = protocol.response_stream(200, [
-                        ("content-type", "text/event-stream"), ("cache-control", "no-cache"),
-                        ("x-request-id", call.rid)])
+                transport = transport or _open_stream(protocol, call)
                 await transport.send_bytes(tail)
         except ProtocolClosed:
             ex.cancel("client disconnected")
@@ -416,6 +410,12 @@ class _Retry(Exception):
     def __init__(self, failure: Failure) -> None:
         super().__init__(str(failure))
         self.failure = failure
+
+
+def _open_stream(protocol: Any, call: Call) -> Any:
+    """Starts the SSE answer: from here on the client has bytes and no retry is possible."""
+    return protocol.response_stream(200, [("content-type", "text/event-stream"),
+                                          ("cache-control", "no-cache"), ("x-request-id", call.rid)])
 
 
 def _gone() -> Failure:
