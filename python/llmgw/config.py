@@ -145,14 +145,17 @@ def read_server_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     return raw
 
 
-def load_server_file(path: str | os.PathLike[str]) -> ServerFile:
-    """Reads and validates `server.yaml`; raises ConfigError naming the file and field."""
-    p = Path(path)
-    raw = read_server_yaml(p)
+def validate_server(raw: dict[str, Any], where: str) -> ServerFile:
+    """Validates a raw `server.yaml` mapping; raises ConfigError naming `where` and the field."""
     try:
         return msgspec.convert(raw, ServerFile, strict=True)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"configuration file {p} is invalid: {e}") from e
+        raise ConfigError(f"{where} is invalid: {e}") from e
+
+
+def load_server_file(path: str | os.PathLike[str]) -> ServerFile:
+    """Reads and validates `server.yaml`; raises ConfigError naming the file and field."""
+    return validate_server(read_server_yaml(path), f"configuration file {Path(path)}")
 
 
 def parse_endpoint(spec: str) -> Endpoint:

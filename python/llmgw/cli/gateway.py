@@ -15,10 +15,10 @@ from llmgw.config import (
     CONFIG_ENV,
     ConfigError,
     GatewayConfig,
-    ServerFile,
     encode_gateway,
     parse_endpoint,
     read_server_yaml,
+    validate_server,
 )
 from llmgw.serving import announce_when_listening
 
@@ -56,10 +56,7 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
         if value is not None:
             raw[key] = value
     where = f"configuration file {args.config}" if args.config else "gateway configuration"
-    try:
-        cfg = msgspec.convert({"gateway": raw}, ServerFile, strict=True).gateway
-    except msgspec.ValidationError as e:
-        raise ConfigError(f"{where} is invalid: {e}") from e
+    cfg = validate_server({"gateway": raw}, where).gateway
     # The router's own checks, here rather than in each worker after the fork.
     from llmgw.gateway.routing import validate
 
