@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml Cargo.toml rust/Cargo.toml $(shell find rust/
 install: $(VENV)/.installed ## make .venv with llmgw (Rust core built in release) and the test tools
 
 lint: install ## ruff, mypy --strict, clippy
-	$(VENV)/bin/pip install --quiet ruff==0.17.6 mypy==2.4.1 types-PyYAML==6.0.12.20261122
+	$(VENV)/bin/pip install --quiet ruff==0.17.6 mypy==2.4.1 types-PyYAML==6.0.12.20261122 asyncpg-stubs==0.32.0
 	$(VENV)/bin/ruff check python tests bench
 	$(VENV)/bin/mypy python/llmgw
 	$(VENV)/bin/python -m mypy.stubtest llmgw._core

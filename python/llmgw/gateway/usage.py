@@ -14,35 +14,11 @@ import os
 
 import msgspec
 
+from llmgw.wire import UsageRecord
+
 log = logging.getLogger("llmgw.gateway")
 
-
-class UsageRecord(msgspec.Struct, omit_defaults=False):
-    """What one request used and how it went."""
-
-    request_id: str
-    model: str
-    """The name the client asked for."""
-    upstream_model: str
-    replica: str | None
-    status: str
-    """ok, client_error, upstream_error, timeout, cancelled, no_replica."""
-    http_status: int
-    stream: bool
-    prompt_tokens: int
-    completion_tokens: int
-    usage_estimated: bool
-    """True when the upstream never reported usage (it failed or the client left):
-    completion_tokens then counts the generated chunks that reached us."""
-    ttft_ms: float | None
-    duration_ms: float
-    finish_reason: str | None
-    retries: int
-    started_at: float
-    route: msgspec.Raw | None = None
-    """The router's decision: policy, matched prefix, candidates' scores (JSON from Rust)."""
-    principal: str | None = None
-    """Who made the request; set by the tenancy issue's authentication."""
+__all__ = ["UsageRecord", "UsageSink"]
 
 
 class UsageSink:

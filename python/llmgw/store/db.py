@@ -1,0 +1,99 @@
+"""The `Database` seam that SQLite and PostgreSQL both implement.
+
+Queries are written once, in PostgreSQL's `$1, $2` placeholder style; the
+SQLite backend rewrites them to its numbered `?1, ?2` form, which binds the
+same way. Values always travel as parameters, never inside the SQL text.
+Portable types only: TEXT ids, BIGINT counts, DOUBLE PRECISION times (unix
+seconds), INTEGER 0/1 flags, JSON as TEXT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal, Protocol
+
+
+class StoreError(Exception):
+    """The store cannot be reached or refused an operation; the message is for the operator."""
+
+
+class Row(Protocol):
+    """A result row: by column name or by position (sqlite3.Row and asyncpg.Record both are)."""
+
+    def __getitem__(self, key: str | int, /) -> Any: ...
+
+    def keys(self) -> Iterable[str]: ...
+
+
+class Conflict(StoreError):
+    """A uniqueness or foreign-key rule refused a write (a name taken, a parent missing)."""
+
+
+class Database(Protocol):
+    """An open store. Every method takes SQL with `$n` placeholders and its arguments."""
+
+    dialect: Literal["sqlite", "postgres"]
+    url: str
+    """Where it is, with any password removed: safe to print."""
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        """Runs one statement; returns the number of rows it changed."""
+        ...
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Runs one statement once per row of arguments, in one round trip where possible."""
+        ...
+
+    async def fetch(self, sql: str, *args: Any) -> list[Row]:
+        """All rows of a query."""
+        ...
+
+    async def fetchrow(self, sql: str, *args: Any) -> Row | None:
+        """The first row of a query, or None."""
+        ...
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """The first column of the first row, or None."""
+        ...
+
+    async def script(self, sql: str) -> None:
+        """Runs several `;`-separated statements without parameters (migrations)."""
+        ...
+
+    def transaction(self) -> AbstractAsyncContextManager[Database]:
+        """A transaction: the `Database` it yields runs every statement inside it; leaving the
+        block commits, an exception rolls back. Other callers wait until it ends (SQLite) or
+        use other connections (PostgreSQL)."""
+        ...
+
+    async def close(self) -> None:
+        """Closes every connection."""
+        ...
+
+
+async def connect(url: str) -> Database:
+    """Opens the store at `url`: `sqlite:///path/to/file.db`, `sqlite://:memory:`, or
+    `postgresql://user@host:port/db`. Raises StoreError with what to do when it cannot."""
+    if url.startswith("sqlite:"):
+        from .sqlite import SqliteDatabase
+
+        return await SqliteDatabase.open(url)
+    if url.startswith(("postgresql:", "postgres:")):
+        from .postgres import PostgresDatabase
+
+        return await PostgresDatabase.open(url)
+    raise StoreError(
+        f"store url {safe_url(url)!r} is neither sqlite:///PATH nor postgresql://...; "
+        "give one of those (sqlite:///var/lib/llmgw/llmgw.db is the embedded default)"
+    )
+
+
+def safe_url(url: str) -> str:
+    """The url with any password replaced by ****."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    cred, _, host = rest.rpartition("@")
+    user, colon, _ = cred.partition(":")
+    return f"{scheme}://{user}{':****' if colon else ''}@{host}"

@@ -1,0 +1,149 @@
+"""The production backend: PostgreSQL through an asyncpg connection pool.
+
+Several control planes can share one database (issue: control plane HA), so
+nothing here assumes it is the only writer: migrations take an advisory lock,
+and every write that could race is an upsert or a conditional update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import asyncpg
+
+from .db import Conflict, Database, Row, StoreError, safe_url
+
+_INTEGRITY = (asyncpg.UniqueViolationError, asyncpg.ForeignKeyViolationError,
+              asyncpg.NotNullViolationError, asyncpg.CheckViolationError)
+
+
+def _count(status: str) -> int:
+    # asyncpg answers "UPDATE 3", "INSERT 0 1", "DELETE 0": the last word is the count.
+    last = status.rsplit(" ", 1)[-1]
+    return int(last) if last.isdigit() else 0
+
+
+class PostgresDatabase:
+    """A `Database` over an asyncpg pool."""
+
+    dialect: Literal["sqlite", "postgres"] = "postgres"
+
+    def __init__(self, url: str, pool: asyncpg.Pool) -> None:
+        self.url = safe_url(url)
+        self._pool = pool
+
+    @classmethod
+    async def open(cls, url: str, min_size: int = 1, max_size: int = 10) -> PostgresDatabase:
+        """Connects a pool; raises StoreError naming the server (never the password)."""
+        try:
+            pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size,
+                                             command_timeout=30)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            raise StoreError(f"cannot connect to PostgreSQL at {safe_url(url)}: {e}; check the server "
+                             "is running and the url's user, host, port and database") from e
+        return cls(url, pool)
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        """Runs one statement; returns the number of rows it changed."""
+        async with self._pool.acquire() as conn:
+            return await _Conn(conn, self.url).execute(sql, *args)
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """asyncpg pipelines the rows in one transaction."""
+        async with self._pool.acquire() as conn:
+            await _Conn(conn, self.url).executemany(sql, rows)
+
+    async def fetch(self, sql: str, *args: Any) -> list[Row]:
+        """All rows of a query."""
+        async with self._pool.acquire() as conn:
+            return await _Conn(conn, self.url).fetch(sql, *args)
+
+    async def fetchrow(self, sql: str, *args: Any) -> Row | None:
+        """The first row, or None."""
+        async with self._pool.acquire() as conn:
+            return await _Conn(conn, self.url).fetchrow(sql, *args)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """The first column of the first row, or None."""
+        async with self._pool.acquire() as conn:
+            return await _Conn(conn, self.url).fetchval(sql, *args)
+
+    async def script(self, sql: str) -> None:
+        """Runs several statements in one transaction."""
+        async with self.transaction() as tx:
+            await tx.script(sql)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Database]:
+        """One pooled connection inside BEGIN ... COMMIT (ROLLBACK on an exception)."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            yield _Conn(conn, self.url)
+
+    async def close(self) -> None:
+        """Closes the pool."""
+        await self._pool.close()
+
+
+class _Conn:
+    """One connection, used for a single statement or a whole transaction."""
+
+    dialect: Literal["sqlite", "postgres"] = "postgres"
+
+    def __init__(self, conn: Any, url: str) -> None:
+        self._conn = conn
+        self.url = url
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        """Runs one statement; returns the number of rows it changed."""
+        try:
+            return _count(await self._conn.execute(sql, *args))
+        except _INTEGRITY as e:
+            raise Conflict(str(e)) from e
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            raise StoreError(f"PostgreSQL store: {e}") from e
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Runs a statement per row."""
+        try:
+            await self._conn.executemany(sql, list(rows))
+        except _INTEGRITY as e:
+            raise Conflict(str(e)) from e
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            raise StoreError(f"PostgreSQL store: {e}") from e
+
+    async def fetch(self, sql: str, *args: Any) -> list[Row]:
+        """All rows of a query."""
+        try:
+            rows: list[Row] = await self._conn.fetch(sql, *args)
+            return rows
+        except _INTEGRITY as e:
+            raise Conflict(str(e)) from e
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            raise StoreError(f"PostgreSQL store: {e}") from e
+
+    async def fetchrow(self, sql: str, *args: Any) -> Row | None:
+        """The first row, or None."""
+        rows = await self.fetch(sql, *args)
+        return rows[0] if rows else None
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """The first column of the first row, or None."""
+        row = await self.fetchrow(sql, *args)
+        return None if row is None else row[0]
+
+    async def script(self, sql: str) -> None:
+        """Several statements at once (asyncpg's simple query protocol takes them together)."""
+        try:
+            await self._conn.execute(sql)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            raise StoreError(f"PostgreSQL store: {e}") from e
+
+    def transaction(self) -> Any:
+        """Nested transactions are not supported."""
+        raise StoreError("a transaction is already open on this connection; nest the work in it")
+
+    async def close(self) -> None:
+        """A transaction's view cannot close the store."""
+        raise StoreError("close the store, not a transaction")

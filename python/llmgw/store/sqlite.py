@@ -1,0 +1,233 @@
+"""The embedded backend: one SQLite file, one connection, one thread.
+
+sqlite3 blocks, so every statement runs on a single dedicated thread; the event
+loop never waits on the disk. One connection means statements are serialized
+anyway, so a transaction holds an asyncio lock for its whole length: without it
+another coroutine's statement would land inside someone else's transaction.
+WAL mode lets readers in other processes (backups, `sqlite3` by hand) see a
+consistent file while the control plane writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from .db import Conflict, Database, Row, StoreError
+
+T = TypeVar("T")
+
+_PLACEHOLDER = re.compile(r"\$(\d+)")
+
+
+def _sql(sql: str) -> str:
+    # `$n` and SQLite's `?n` bind identically by position; rewriting keeps one
+    # text of every query for both backends.
+    return _PLACEHOLDER.sub(r"?\1", sql)
+
+
+class SqliteDatabase:
+    """A `Database` over one SQLite file."""
+
+    dialect: Literal["sqlite", "postgres"] = "sqlite"
+
+    def __init__(self, url: str, conn: sqlite3.Connection, pool: ThreadPoolExecutor) -> None:
+        self.url = url
+        self._conn = conn
+        self._pool = pool
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, url: str) -> SqliteDatabase:
+        """Opens (creating when absent) the file named by `sqlite:///PATH` or `sqlite://:memory:`."""
+        # sqlite:///abs/file.db -> /abs/file.db; sqlite://:memory: -> :memory:
+        path = url.removeprefix("sqlite:").removeprefix("//")
+        if path == "/:memory:":
+            path = ":memory:"
+        if not path:
+            raise StoreError(f"store url {url!r} names no file; use sqlite:///PATH/llmgw.db")
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-sqlite")
+        loop = asyncio.get_running_loop()
+
+        def connect() -> sqlite3.Connection:
+            if path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: we write BEGIN/COMMIT ourselves, so sqlite3's
+            # implicit transactions never surprise us.
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode is durable across a process crash; only a power loss
+            # can lose the last commits, which is the trade every embedded store makes.
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA busy_timeout=5000")
+            return conn
+
+        try:
+            conn = await loop.run_in_executor(pool, connect)
+        except sqlite3.Error as e:
+            pool.shutdown(wait=False)
+            raise StoreError(f"cannot open the SQLite store {path}: {e}; check the directory exists "
+                             "and is writable by this user") from e
+        return cls(url, conn, pool)
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        except sqlite3.IntegrityError as e:
+            raise Conflict(str(e)) from e
+        except sqlite3.Error as e:
+            raise StoreError(f"SQLite store: {e}") from e
+
+    async def _locked(self, fn: Callable[[], T]) -> T:
+        async with self._lock:
+            return await self._run(fn)
+
+    # The statement methods below are used both directly (taking the lock) and by
+    # a transaction (which already holds it); `_Tx` passes `_run` instead.
+    async def execute(self, sql: str, *args: Any) -> int:
+        """Runs one statement; returns the number of rows it changed."""
+        return await self._locked(lambda: self._conn.execute(_sql(sql), args).rowcount)
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Runs a statement per row, all inside one transaction."""
+        batch = list(rows)
+
+        def run() -> None:
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany(_sql(sql), batch)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+        await self._locked(run)
+
+    async def fetch(self, sql: str, *args: Any) -> list[Row]:
+        """All rows of a query."""
+        return await self._locked(lambda: self._conn.execute(_sql(sql), args).fetchall())
+
+    async def fetchrow(self, sql: str, *args: Any) -> Row | None:
+        """The first row, or None."""
+        row: Row | None = await self._locked(lambda: self._conn.execute(_sql(sql), args).fetchone())
+        return row
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """The first column of the first row, or None."""
+        row = await self.fetchrow(sql, *args)
+        return None if row is None else row[0]
+
+    async def script(self, sql: str) -> None:
+        """Runs several statements (no parameters) inside one transaction."""
+
+        def run() -> None:
+            self._conn.execute("BEGIN")
+            try:
+                for stmt in _statements(sql):
+                    self._conn.execute(stmt)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+        await self._locked(run)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Database]:
+        """BEGIN IMMEDIATE ... COMMIT, holding the connection for the whole block."""
+        async with self._lock:
+            # IMMEDIATE takes the write lock at once, so a transaction that reads
+            # then writes cannot fail half-way on a lock another process holds.
+            await self._run(lambda: self._conn.execute("BEGIN IMMEDIATE"))
+            try:
+                yield _Tx(self)
+            except BaseException:
+                await self._run(lambda: self._conn.execute("ROLLBACK"))
+                raise
+            await self._run(lambda: self._conn.execute("COMMIT"))
+
+    async def close(self) -> None:
+        """Closes the connection and stops its thread."""
+        async with self._lock:
+            await self._run(self._conn.close)
+        self._pool.shutdown(wait=True)
+
+
+class _Tx:
+    """The `Database` seen inside a SQLite transaction: statements run without taking the lock."""
+
+    dialect: Literal["sqlite", "postgres"] = "sqlite"
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+        self.url = db.url
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        """Runs one statement; returns the number of rows it changed."""
+        conn = self._db._conn
+        return await self._db._run(lambda: conn.execute(_sql(sql), args).rowcount)
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Runs a statement per row."""
+        conn, batch = self._db._conn, list(rows)
+        await self._db._run(lambda: conn.executemany(_sql(sql), batch))
+
+    async def fetch(self, sql: str, *args: Any) -> list[Row]:
+        """All rows of a query."""
+        conn = self._db._conn
+        return await self._db._run(lambda: conn.execute(_sql(sql), args).fetchall())
+
+    async def fetchrow(self, sql: str, *args: Any) -> Row | None:
+        """The first row, or None."""
+        conn = self._db._conn
+        row: Row | None = await self._db._run(lambda: conn.execute(_sql(sql), args).fetchone())
+        return row
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """The first column of the first row, or None."""
+        row = await self.fetchrow(sql, *args)
+        return None if row is None else row[0]
+
+    async def script(self, sql: str) -> None:
+        """Runs several statements inside the current transaction."""
+        conn = self._db._conn
+
+        def run() -> None:
+            for stmt in _statements(sql):
+                conn.execute(stmt)
+
+        await self._db._run(run)
+
+    def transaction(self) -> Any:
+        """Nested transactions are not supported: one block owns the connection."""
+        raise StoreError("a transaction is already open on this connection; nest the work in it")
+
+    async def close(self) -> None:
+        """A transaction's view cannot close the store."""
+        raise StoreError("close the store, not a transaction")
+
+
+def _statements(sql: str) -> list[str]:
+    """Splits a migration script at `;` line ends (our files put each statement's `;` last on a line)."""
+    out, cur = [], []
+    for line in sql.splitlines():
+        if line.strip().startswith("--"):
+            continue
+        cur.append(line)
+        if line.rstrip().endswith(";"):
+            stmt = "\n".join(cur).strip()
+            if stmt.rstrip(";").strip():
+                out.append(stmt)
+            cur = []
+    rest = "\n".join(cur).strip()
+    if rest:
+        out.append(rest)
+    return out

@@ -1,0 +1,120 @@
+"""The messages gateways and the control plane exchange; the only types both sides import.
+
+The gateway never imports the control plane's code and the control plane never
+imports the gateway's: they share these Structs and the HTTP paths under
+`/internal/v1/` (snapshot, usage, leases), all msgspec-encoded.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+Count = Annotated[int, msgspec.Meta(ge=1)]
+Period = Literal["day", "week", "month"]
+
+
+class Limits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """Limits of one key or one project; None means no limit of that kind."""
+
+    rpm: Count | None = None
+    """Requests per minute (a sliding 60-second window)."""
+    tpm: Count | None = None
+    """Tokens per minute, prompt and completion together."""
+    concurrency: Count | None = None
+    """Requests in flight at once."""
+    budget_tokens: Count | None = None
+    """Tokens per `budget_period`, prompt and completion together."""
+    budget_period: Period = "month"
+    """A calendar day, ISO week or month, in UTC."""
+
+
+class KeyEntry(msgspec.Struct, kw_only=True):
+    """One usable API key as gateways hold it: its keyed hash and who it belongs to."""
+
+    key_id: str
+    hash: str
+    """Hex keyed hash of the whole key (see llmgw.store.keys); the key itself is never kept."""
+    org_id: str
+    team_id: str
+    project_id: str
+    user_id: str | None = None
+    expires_at: float | None = None
+    """Unix seconds; the gateway answers 401 once it has passed."""
+    limits: Limits = msgspec.field(default_factory=Limits)
+    keep_bodies: bool = False
+    """The key's project keeps request bodies (unless a request says no_store)."""
+
+
+class Snapshot(msgspec.Struct, kw_only=True):
+    """Everything a gateway needs to authenticate and limit, pushed by the control plane."""
+
+    version: int
+    keys: list[KeyEntry] = msgspec.field(default_factory=list)
+    """Revoked and deleted keys are simply absent."""
+    projects: dict[str, Limits] = msgspec.field(default_factory=dict)
+    """Project id -> the project's limits (shared by all its keys)."""
+
+
+class UsageRecord(msgspec.Struct, omit_defaults=False, kw_only=True):
+    """What one request used and how it went."""
+
+    request_id: str
+    model: str
+    """The name the client asked for."""
+    upstream_model: str
+    replica: str | None
+    status: str
+    """ok, client_error, upstream_error, timeout, cancelled, no_replica, rate_limited,
+    unauthorized; `interrupted` is set by the control plane for a request whose gateway died."""
+    http_status: int
+    stream: bool
+    prompt_tokens: int
+    completion_tokens: int
+    usage_estimated: bool
+    """True when the upstream never reported usage (it failed or the client left):
+    completion_tokens then counts the generated chunks that reached us."""
+    ttft_ms: float | None
+    duration_ms: float
+    finish_reason: str | None
+    retries: int
+    started_at: float
+    route: msgspec.Raw | None = None
+    """The router's decision: policy, matched prefix, candidates' scores (JSON from Rust)."""
+    key_id: str | None = None
+    user_id: str | None = None
+    project_id: str | None = None
+    team_id: str | None = None
+    org_id: str | None = None
+    """The tenancy path at the time of the request (None without authentication)."""
+    request_body: msgspec.Raw | None = None
+    response_body: bytes | None = None
+    """Kept only when the project keeps bodies and the request did not say no_store."""
+
+
+class UsageOpen(msgspec.Struct, kw_only=True):
+    """A request forwarded to a replica and not finished yet: sent at once, so that a gateway
+    killed mid-request leaves a row the control plane settles (status `interrupted`)."""
+
+    request_id: str
+    model: str
+    started_at: float
+    prompt_estimate: int
+    key_id: str | None = None
+    user_id: str | None = None
+    project_id: str | None = None
+    team_id: str | None = None
+    org_id: str | None = None
+
+
+class UsageBatch(msgspec.Struct, kw_only=True):
+    """What one gateway worker sends to POST /internal/v1/usage, every fraction of a second."""
+
+    gateway_id: str
+    """Random per worker start: the control plane settles a gateway's open requests once
+    it has not heard from that id for a while."""
+    opens: list[UsageOpen] = msgspec.field(default_factory=list)
+    finals: list[UsageRecord] = msgspec.field(default_factory=list)
+    key_last_used: dict[str, float] = msgspec.field(default_factory=dict)
+    """Key id -> latest use seen in this batch (the keys' `last_used_at`)."""

@@ -1,0 +1,54 @@
+"""The Database seam behaves the same on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.store import Database, StoreError, connect, migrate
+from llmgw.store.db import Conflict, safe_url
+
+from .util import with_db
+
+
+def test_placeholders_transactions_and_conflicts(store_url: str) -> None:
+    async def body(db: Database) -> None:
+        await db.script("CREATE TABLE t (id TEXT PRIMARY KEY, n BIGINT NOT NULL);")
+        assert await db.execute("INSERT INTO t (id, n) VALUES ($1, $2)", "a", 1) == 1
+        # $2 used before $1 and twice: both backends bind by number, not by order.
+        await db.execute("INSERT INTO t (n, id) VALUES ($2 + $2, $1)", "b", 2)
+        assert await db.fetchval("SELECT n FROM t WHERE id = $1", "b") == 4
+        await db.executemany("INSERT INTO t (id, n) VALUES ($1, $2)", [("c", 5), ("d", 6)])
+        with pytest.raises(Conflict):
+            await db.execute("INSERT INTO t (id, n) VALUES ($1, $2)", "a", 9)
+        with pytest.raises(RuntimeError):
+            async with db.transaction() as tx:
+                await tx.execute("UPDATE t SET n = 100 WHERE id = $1", "a")
+                raise RuntimeError("roll back")
+        assert await db.fetchval("SELECT n FROM t WHERE id = $1", "a") == 1
+        async with db.transaction() as tx:
+            assert await tx.execute("UPDATE t SET n = n + 1") == 4
+        rows = await db.fetch("SELECT id, n FROM t ORDER BY id")
+        assert [(r["id"], r[1]) for r in rows] == [("a", 2), ("b", 5), ("c", 6), ("d", 7)]
+        assert await db.fetchrow("SELECT id FROM t WHERE id = $1", "zz") is None
+
+    with_db(store_url, body)
+
+
+def test_migrations_apply_once(store_url: str) -> None:
+    async def body(db: Database) -> None:
+        # with_db applied them already; a second start applies nothing.
+        assert await migrate(db) == []
+        versions = [r[0] for r in await db.fetch("SELECT version FROM schema_migrations ORDER BY version")]
+        assert versions == sorted(versions)
+
+    with_db(store_url, body)
+
+
+def test_bad_urls_say_what_to_do() -> None:
+    import asyncio
+
+    with pytest.raises(StoreError, match="neither sqlite"):
+        asyncio.run(connect("mysql://x"))
+    with pytest.raises(StoreError, match="cannot connect to PostgreSQL at postgresql://u:\\*\\*\\*\\*@127.0.0.1:1/x"):
+        asyncio.run(connect("postgresql://u:hunter2@127.0.0.1:1/x"))
+    assert safe_url("postgresql://u:pw@h/db") == "postgresql://u:****@h/db"
