@@ -15,7 +15,7 @@ def test_placeholders_transactions_and_conflicts(store_url: str) -> None:
         await db.script("CREATE TABLE t (id TEXT PRIMARY KEY, n BIGINT NOT NULL);")
         assert await db.execute("INSERT INTO t (id, n) VALUES ($1, $2)", "a", 1) == 1
         # $2 used before $1 and twice: both backends bind by number, not by order.
-        await db.execute("INSERT INTO t (n, id) VALUES ($2 + $2, $1)", "b", 2)
+        await db.execute("INSERT INTO t (n, id) VALUES (CAST($2 AS BIGINT) + CAST($2 AS BIGINT), $1)", "b", 2)
         assert await db.fetchval("SELECT n FROM t WHERE id = $1", "b") == 4
         await db.executemany("INSERT INTO t (id, n) VALUES ($1, $2)", [("c", 5), ("d", 6)])
         with pytest.raises(Conflict):
