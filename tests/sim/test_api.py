@@ -6,6 +6,7 @@ import base64
 import http.client
 import json
 import struct
+from pathlib import Path
 
 import openai
 import pytest
@@ -208,3 +209,14 @@ def test_metrics_names(sim: Proc) -> None:
     assert metric(sim, "vllm:request_success_total", finished_reason="length") >= 1
     assert metric(sim, "vllm:generation_tokens_total") >= 2
     assert metric(sim, "vllm:num_requests_running") == 0
+
+
+def test_request_log_lists_each_inference_request(start_sim: StartSim, tmp_path: Path) -> None:
+    log = tmp_path / "requests.log"
+    proc = start_sim("--request-log", str(log))
+    for rid in ("req-a", "req-b"):
+        status, _, _ = raw(proc, "POST", "/v1/chat/completions",
+                           {"model": "sim-model", "messages": MSGS}, {"x-request-id": rid})
+        assert status == 200
+    assert raw(proc, "GET", "/v1/models")[0] == 200
+    assert [line.split()[0] for line in log.read_text().splitlines()] == ["req-a", "req-b"]

@@ -109,3 +109,4 @@ def test_metrics_render_histogram() -> None:
     assert 'vllm:time_to_first_token_seconds_bucket{model_name="m",le="2560.0"} 1' in text
     assert 'vllm:time_to_first_token_seconds_bucket{model_name="m",le="+Inf"} 2' in text
     assert 'vllm:time_to_first_token_seconds_count{model_name="m"} 2' in text
+

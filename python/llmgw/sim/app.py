@@ -10,6 +10,7 @@ goes away cancels it at once.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -103,6 +104,16 @@ class SimApp:
 
     # ---- plumbing -------------------------------------------------------------------
 
+    def _log_request(self, rid: str) -> None:
+        assert self.cfg.request_log is not None
+        # One O_APPEND write per line keeps lines whole across workers; a test
+        # helper, so a synchronous write per request is fine.
+        fd = os.open(self.cfg.request_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{rid} {time.time():.6f}\n".encode())
+        finally:
+            os.close(fd)
+
     @staticmethod
     def _headers(rid: str, ctype: str) -> list[tuple[str, str]]:
         return [("content-type", ctype), ("x-request-id", rid), ("x-llmgw-simulated", "true")]
@@ -156,6 +167,8 @@ class SimApp:
                     msg = f"simulated failure ({HEADER}: {raw_fault})"
                     raise HttpError(fault.fail, msg)
             if path.startswith("/v1/") and method == "POST":
+                if self.cfg.request_log is not None:
+                    self._log_request(rid)
                 if path == "/v1/chat/completions":
                     return await self._serve_job(
                         protocol, await self._chat(scope, protocol, rid), fault

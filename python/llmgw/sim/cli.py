@@ -46,6 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="event encoding: map (current vLLM) or array (older vLLM)")  # fmt: skip
     add("--kv-replay-no-topic", action="store_true",
         help="replay replies without a topic frame (older vLLM, SGLang)")  # fmt: skip
+    add("--request-log", metavar="FILE", default=None,
+        help="append 'REQUEST_ID UNIX_TIME' per inference request received (for tests)")  # fmt: skip
     add("--workers", type=int, default=_D.workers,
         help="granian worker processes; each has its own cache and metrics (default 1)")  # fmt: skip
 
@@ -71,6 +73,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_replay_endpoint=args.kv_replay_endpoint,
         kv_events_encoding=args.kv_events_encoding,
         kv_replay_topic_frame=not args.kv_replay_no_topic,
+        request_log=args.request_log,
     )
     config.validate()
     return config

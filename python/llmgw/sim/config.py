@@ -40,6 +40,9 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     kv_events_encoding: Literal["map", "array"] = "map"
     """`map` (vLLM since mid-2026) or `array` (older vLLM)."""
     kv_replay_topic_frame: bool = True
+    request_log: str | None = None
+    """Append `REQUEST_ID UNIX_TIME` for every inference request received (tests use it to know
+    exactly which requests reached an engine)."""
 
     @property
     def zero_latency(self) -> bool:
