@@ -142,6 +142,7 @@ class Register(_message.Message):
     REPLICAS_FIELD_NUMBER: _builtins.int
     GPU_NOTE_FIELD_NUMBER: _builtins.int
     BOOT_ID_FIELD_NUMBER: _builtins.int
+    ADVERTISE_ADDRESS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     """stable across restarts (from the config or the machine id)"""
     hostname: _builtins.str
@@ -153,6 +154,10 @@ class Register(_message.Message):
     boot_id: _builtins.str
     """The agent's boot: changes when the agent process restarts, so the
     control plane tells a reconnect from a restart.
+    """
+    advertise_address: _builtins.str
+    """Where gateways reach this node's engines (host or IP); empty: the
+    address the control plane sees the agent connect from.
     """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
@@ -180,10 +185,11 @@ class Register(_message.Message):
         replicas: _abc.Iterable[Global___ReplicaStatus] | None = ...,
         gpu_note: _builtins.str = ...,
         boot_id: _builtins.str = ...,
+        advertise_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "boot_id", b"boot_id", "cpu_count", b"cpu_count", "engines", b"engines", "gpu_note", b"gpu_note", "gpus", b"gpus", "hostname", b"hostname", "labels", b"labels", "memory_bytes", b"memory_bytes", "node_id", b"node_id", "replicas", b"replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertise_address", b"advertise_address", "agent_version", b"agent_version", "boot_id", b"boot_id", "cpu_count", b"cpu_count", "engines", b"engines", "gpu_note", b"gpu_note", "gpus", b"gpus", "hostname", b"hostname", "labels", b"labels", "memory_bytes", b"memory_bytes", "node_id", b"node_id", "replicas", b"replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
