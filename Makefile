@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: help install lint test test-rust test-python bench clean
+.PHONY: help install lint test test-rust test-python bench clean generate check-generated
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -17,8 +17,10 @@ $(VENV)/.installed: pyproject.toml Cargo.toml rust/Cargo.toml $(shell find rust/
 
 install: $(VENV)/.installed ## make .venv with llmgw (Rust core built in release) and the test tools
 
-lint: install ## ruff, mypy --strict, clippy
-	$(VENV)/bin/pip install --quiet ruff==0.17.6 mypy==2.4.1 types-PyYAML==6.0.12.20261122 asyncpg-stubs==0.32.0
+lint: install ## generated stubs current, ruff, mypy --strict, clippy
+	$(VENV)/bin/pip install --quiet ruff==0.17.6 mypy==2.4.1 types-PyYAML==6.0.12.20261122 asyncpg-stubs==0.32.0 \
+		types-protobuf==7.35.1.20260906 types-grpcio==1.85.0.20261028
+	$(PY) proto/generate.py --check
 	$(VENV)/bin/ruff check python tests bench
 	$(VENV)/bin/mypy python/llmgw
 	$(VENV)/bin/python -m mypy.stubtest llmgw._core
@@ -32,6 +34,12 @@ test-python: install ## pytest: unit, property and end-to-end tests with real pr
 	$(VENV)/bin/pytest
 
 test: test-rust test-python ## the whole test suite
+
+generate: install ## regenerate the gRPC stubs in python/llmgw/v1 from proto/
+	$(PY) proto/generate.py
+
+check-generated: install ## fail when the committed gRPC stubs differ from what proto/ generates
+	$(PY) proto/generate.py --check
 
 bench: install ## the throughput scenario side by side with the peers (bench/README.md has the rest)
 	$(PY) -m bench run throughput

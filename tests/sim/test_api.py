@@ -220,3 +220,14 @@ def test_request_log_lists_each_inference_request(start_sim: StartSim, tmp_path:
         assert status == 200
     assert raw(proc, "GET", "/v1/models")[0] == 200
     assert [line.split()[0] for line in log.read_text().splitlines()] == ["req-a", "req-b"]
+
+
+def test_api_key_guards_v1_like_vllm(start_sim: StartSim) -> None:
+    proc = start_sim("--api-key", "k-123")
+    assert raw(proc, "GET", "/v1/models")[0::2] == (401, b'{"error":"Unauthorized"}')
+    bad = {"authorization": "Bearer wrong"}
+    assert raw(proc, "POST", "/v1/chat/completions", {"messages": []}, bad)[0] == 401
+    assert raw(proc, "GET", "/health")[0] == 200  # the readiness probe needs no key
+    good = {"authorization": "Bearer k-123", "content-type": "application/json"}
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
+    assert raw(proc, "POST", "/v1/chat/completions", body, good)[0] == 200

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 COMMANDS: list[tuple[tuple[str, ...], str, str | None]] = [
     (("up",), "run a whole llmgw on this machine: a local engine and the gateway at :8080", "llmgw.cli.up"),
     (("gateway",), "serve the OpenAI API in front of engine replicas (router-only mode)", "llmgw.cli.gateway"),
+    (("agent",), "run the node agent: report GPUs, run engines for the control plane", "llmgw.cli.agent"),
     (("engine",), "inference engines llmgw can run itself (today: the simulator)", None),
     (("engine", "sim"), "run the engine simulator: vLLM's OpenAI surface with no GPU", "llmgw.sim.cli"),
     (("version",), "print the version of llmgw and of its Rust core", "llmgw.cli.version"),

@@ -10,6 +10,7 @@ goes away cancels it at once.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
 import time
 from collections import deque
@@ -53,6 +54,7 @@ RESET_FLUSH_S = 0.05
 POST_PATHS = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/embeddings"))
 NOT_FOUND = b'{"detail":"Not Found"}'
 NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
+UNAUTHORIZED = b'{"error":"Unauthorized"}'  # vLLM's body for a missing or wrong --api-key
 
 
 class SimApp:
@@ -83,6 +85,7 @@ class SimApp:
 
             self.tokenizer = ModelTokenizer.from_dir(config.tokenizer)
         self.publisher: ZmqPublisher | None = None
+        self._bearer = f"Bearer {config.api_key}".encode() if config.api_key else None
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         """Per worker, after granian forked it: open the KV-event sockets."""
@@ -158,6 +161,12 @@ class SimApp:
         if path == "/metrics":  # never faulted, so tests can always scrape
             self._send(protocol, 200, rid, self.metrics.render(), METRICS_TYPE)
             return
+        if self._bearer is not None and path.startswith("/v1") and method != "OPTIONS":
+            # As vLLM's middleware: every /v1 route, checked before anything else.
+            given = (headers.get("authorization") or "").encode()
+            if not hmac.compare_digest(given, self._bearer):
+                self._send(protocol, 401, rid, UNAUTHORIZED)
+                return
         fault: Fault | None = None
         raw_fault = headers.get(HEADER)
         try:

@@ -46,6 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="event encoding: map (current vLLM) or array (older vLLM)")  # fmt: skip
     add("--kv-replay-no-topic", action="store_true",
         help="replay replies without a topic frame (older vLLM, SGLang)")  # fmt: skip
+    add("--api-key", default=os.environ.get("VLLM_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' on /v1/ (as vLLM; default $VLLM_API_KEY)")  # fmt: skip
     add("--request-log", metavar="FILE", default=None,
         help="append 'REQUEST_ID UNIX_TIME' per inference request received (for tests)")  # fmt: skip
     add("--workers", type=int, default=_D.workers,
@@ -74,6 +76,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_events_encoding=args.kv_events_encoding,
         kv_replay_topic_frame=not args.kv_replay_no_topic,
         request_log=args.request_log,
+        api_key=args.api_key,
     )
     config.validate()
     return config

@@ -40,6 +40,9 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     kv_events_encoding: Literal["map", "array"] = "map"
     """`map` (vLLM since mid-2026) or `array` (older vLLM)."""
     kv_replay_topic_frame: bool = True
+    api_key: str | None = None
+    """Requests to /v1/ must carry `Authorization: Bearer API_KEY` (vLLM's --api-key and
+    VLLM_API_KEY); others get vLLM's 401. None: no check."""
     request_log: str | None = None
     """Append `REQUEST_ID UNIX_TIME` for every inference request received (tests use it to know
     exactly which requests reached an engine)."""

@@ -1,0 +1,166 @@
+"""How each engine is launched and probed: argv, environment and readiness URL from a replica's profile.
+
+One table (`ENGINES`) names every engine the agent can run; adding one is a row
+and a builder. The engine key (derived from the cluster secret by the control
+plane, see `engine_key`) reaches the engine through the environment where the
+engine reads one (vLLM, the simulator: VLLM_API_KEY), so it is not in the
+process list, and on the command line where it does not (SGLang, llama.cpp).
+"""
+
+from __future__ import annotations
+
+import hmac
+import importlib.metadata
+import sys
+from collections.abc import Callable, Mapping
+
+import msgspec
+
+ENGINE_KEY_LABEL = "llmgw engine key v1"
+"""The derivation label of the engine key; never used for another purpose (L16)."""
+
+
+def engine_key(cluster_secret: bytes) -> str:
+    """The key every engine requires and every gateway sends: HMAC-SHA256 of the label, hex.
+
+    The control plane calls this and sends the result in StartReplica; the agent
+    never holds the cluster secret. Same construction as the other derived keys
+    (one label per purpose), so a leaked engine key says nothing about the others.
+    """
+    return hmac.new(cluster_secret, ENGINE_KEY_LABEL.encode(), "sha256").hexdigest()
+
+
+class LaunchRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One replica to run: what StartReplica carries, with the port already chosen."""
+
+    replica_id: str
+    model: str
+    engine: str
+    port: int
+    host: str = "0.0.0.0"
+    """The address the engine binds; the supervisor sets its --engine-host when empty."""
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = msgspec.field(default_factory=dict)
+    gpu_uuids: tuple[str, ...] = ()
+    simulated_gpus: bool = False
+    engine_key: str = ""
+    source: str = ""
+    """Weights: a path or a repository id; empty means `model`."""
+
+    def __repr__(self) -> str:  # the key must not reach a log through a repr
+        return f"LaunchRequest(replica_id={self.replica_id!r}, model={self.model!r}, engine={self.engine!r}, port={self.port})"
+
+
+class Launch(msgspec.Struct, frozen=True, kw_only=True):
+    """How to start one engine process and how to tell that it is ready."""
+
+    argv: list[str]
+    env: dict[str, str]
+    """Added to the agent's environment (the engine inherits the rest)."""
+    probe_url: str
+    probe_headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Launch(argv={self.argv[:3]!r}..., probe_url={self.probe_url!r})"
+
+
+class UnknownEngineError(ValueError):
+    """StartReplica named an engine this agent has no launcher for."""
+
+
+def _probe_host(host: str) -> str:
+    if host in ("0.0.0.0", "", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def _base_env(req: LaunchRequest) -> dict[str, str]:
+    env = dict(req.env)
+    if req.simulated_gpus or not req.gpu_uuids:
+        # Simulated GPUs have no device behind them: hide every real one so an engine
+        # started for a simulated GPU can never grab a real GPU by accident.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(req.gpu_uuids)  # CUDA accepts GPU-/MIG- uuids
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["LLMGW_REPLICA_ID"] = req.replica_id
+    return env
+
+
+def _tp(req: LaunchRequest, flag: str) -> list[str]:
+    """Tensor parallelism over the replica's GPUs, unless the profile sets it itself."""
+    n = len(req.gpu_uuids)
+    return [flag, str(n)] if n > 1 and not any(a.startswith(flag) for a in req.args) else []
+
+
+def _vllm(req: LaunchRequest) -> Launch:
+    env = _base_env(req)
+    if req.engine_key:
+        env["VLLM_API_KEY"] = req.engine_key  # vLLM reads it like --api-key
+    argv = ["vllm", "serve", req.source or req.model, "--served-model-name", req.model,
+            "--host", req.host, "--port", str(req.port), *_tp(req, "--tensor-parallel-size"),
+            *req.args]  # fmt: skip
+    return Launch(argv=argv, env=env, probe_url=f"http://{_probe_host(req.host)}:{req.port}/health")
+
+
+def _sglang(req: LaunchRequest) -> Launch:
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", req.source or req.model,
+            "--served-model-name", req.model, "--host", req.host, "--port", str(req.port),
+            *_tp(req, "--tp-size"), *req.args]  # fmt: skip
+    if req.engine_key:
+        argv += ["--api-key", req.engine_key]
+    return Launch(argv=argv, env=_base_env(req), probe_url=f"http://{_probe_host(req.host)}:{req.port}/health")
+
+
+def _llamacpp(req: LaunchRequest) -> Launch:
+    # llama-cpp-python's server names its options after its settings fields (underscores).
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", req.source or req.model,
+            "--model_alias", req.model, "--host", req.host, "--port", str(req.port), *req.args]  # fmt: skip
+    headers = {}
+    if req.engine_key:
+        argv += ["--api_key", req.engine_key]
+        headers["authorization"] = f"Bearer {req.engine_key}"
+    # It has no /health: /v1/models answers once the model is loaded (the server
+    # loads it before it listens).
+    url = f"http://{_probe_host(req.host)}:{req.port}/v1/models"
+    return Launch(argv=argv, env=_base_env(req), probe_url=url, probe_headers=headers)
+
+
+def _sim(req: LaunchRequest) -> Launch:
+    env = _base_env(req)
+    if req.engine_key:
+        env["VLLM_API_KEY"] = req.engine_key
+    argv = [sys.executable, "-m", "llmgw.sim", "--host", req.host, "--port", str(req.port),
+            "--model", req.model, *req.args]  # fmt: skip
+    return Launch(argv=argv, env=env, probe_url=f"http://{_probe_host(req.host)}:{req.port}/health")
+
+
+# name -> (launcher, the distribution whose version is the engine's version)
+ENGINES: dict[str, tuple[Callable[[LaunchRequest], Launch], str]] = {
+    "vllm": (_vllm, "vllm"),
+    "sglang": (_sglang, "sglang"),
+    "llamacpp": (_llamacpp, "llama-cpp-python"),
+    "sim": (_sim, "llmgw"),
+}
+
+
+def build_launch(req: LaunchRequest) -> Launch:
+    """The argv, environment and readiness probe of `req`'s engine."""
+    try:
+        builder, _ = ENGINES[req.engine]
+    except KeyError:
+        known = ", ".join(sorted(ENGINES))
+        raise UnknownEngineError(f"engine {req.engine!r} is not one this agent runs ({known})") from None
+    return builder(req)
+
+
+def available_engines() -> list[tuple[str, str]]:
+    """(name, version) of each engine installed here; the simulator is always there."""
+    out = []
+    for name, (_, dist) in ENGINES.items():
+        try:
+            out.append((name, importlib.metadata.version(dist)))
+        except importlib.metadata.PackageNotFoundError:
+            if name == "sim":
+                out.append((name, "dev"))
+    return out

@@ -1,0 +1,126 @@
+"""`llmgw agent`: run the node agent (GPU inventory, engine supervisor, stream to the control plane)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from llmgw.agent.client import Agent, AgentConfig, AgentConfigError
+from llmgw.agent.inventory import FakeGpuSpecError, detect, host_facts
+from llmgw.agent.supervisor import Supervisor, SupervisorSettings
+
+READY_PREFIX = "llmgw-agent registered"
+_D = SupervisorSettings()
+_A = AgentConfig(control_planes=(), node_id="")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the agent's options to `parser`."""
+    add = parser.add_argument
+    add("--control-plane", required=True, metavar="HOST:PORT[,HOST:PORT]",
+        help="control planes' agent ports; after a cut the agent tries each in turn")  # fmt: skip
+    add("--node-id", default=None, help="this node's stable id (default: /etc/machine-id, else the hostname)")
+    add("--label", action="append", default=[], metavar="KEY=VALUE", help="a node label; repeat for several")
+    add("--fake-gpus", default=None, metavar="COUNTxMODEL-MEMGB[,...]",
+        help="declare simulated GPUs instead of asking NVML, e.g. 4xH100-80GB")  # fmt: skip
+    add("--port-range", default=f"{_D.port_range[0]}-{_D.port_range[1]}", metavar="LOW-HIGH",
+        help=f"ports for engines (default {_D.port_range[0]}-{_D.port_range[1]})")  # fmt: skip
+    add("--engine-host", default=_D.engine_host,
+        help=f"address engines bind (default {_D.engine_host}; gateways must reach it)")  # fmt: skip
+    add("--advertise-address", default="", help="host gateways use for this node's engines")
+    add("--insecure", action="store_true",
+        help="plaintext to a control plane on loopback (never over a network)")  # fmt: skip
+    add("--cert", default=None, help="the node's certificate (PEM) for mutual TLS")
+    add("--key", default=None, help="the node's private key (PEM)")
+    add("--ca", default=None, help="the cluster CA certificate (PEM)")
+    add("--heartbeat-interval", type=float, default=_A.heartbeat_interval_s,
+        help=f"seconds between heartbeats until the control plane sets it (default {_A.heartbeat_interval_s:g})")  # fmt: skip
+
+
+def _node_id(given: str | None) -> str:
+    if given:
+        return given
+    try:
+        return Path("/etc/machine-id").read_text().strip() or socket.gethostname()
+    except OSError:
+        return socket.gethostname()
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition("-")
+    try:
+        lo, hi = int(low), int(high)
+    except ValueError:
+        lo = hi = 0
+    if not sep or not 0 < lo <= hi < 65536:
+        raise AgentConfigError(f"--port-range {text!r} is not LOW-HIGH with 1 <= LOW <= HIGH <= 65535, e.g. 20000-20999.")
+    return lo, hi
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise AgentConfigError(f"--label {item!r} is not KEY=VALUE.")
+        out[key] = value
+    return out
+
+
+def build(args: argparse.Namespace) -> Agent:
+    """The agent the options describe; raises AgentConfigError or FakeGpuSpecError with a sentence."""
+    node_id = _node_id(args.node_id)
+    settings = SupervisorSettings(port_range=_port_range(args.port_range), engine_host=args.engine_host)
+    config = AgentConfig(
+        control_planes=tuple(t.strip() for t in args.control_plane.split(",") if t.strip()),
+        node_id=node_id, labels=_labels(args.label), insecure=args.insecure, cert_file=args.cert,
+        key_file=args.key, ca_file=args.ca, advertise_address=args.advertise_address,
+        heartbeat_interval_s=args.heartbeat_interval,
+    )  # fmt: skip
+    inventory = detect(args.fake_gpus, node_id)
+    return Agent(config, inventory, host_facts(), Supervisor(settings))
+
+
+async def _serve(agent: Agent) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    runner = asyncio.create_task(agent.run())
+
+    async def announce() -> None:
+        while True:  # one line per registration: tests and `llmgw up` wait for it
+            await agent.connected.wait()
+            print(f"{READY_PREFIX} as node {agent.config.node_id} "
+                  f"(registration {agent.registrations})", flush=True)  # fmt: skip
+            while agent.connected.is_set():
+                await asyncio.sleep(0.05)
+
+    announcer = asyncio.create_task(announce())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait((runner, stopper), return_when=asyncio.FIRST_COMPLETED)
+    announcer.cancel()
+    await agent.shutdown()
+    runner.cancel()
+    await asyncio.gather(runner, announcer, return_exceptions=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the agent until SIGINT or SIGTERM, then drain its engines; returns an exit status."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        agent = build(args)
+    except (AgentConfigError, FakeGpuSpecError) as exc:
+        print(f"llmgw agent: {exc}", file=sys.stderr)
+        return 2
+    inv = agent.inventory
+    kind = "SIMULATED" if inv.simulated else "NVML"
+    print(f"llmgw agent: node {agent.config.node_id}: {len(inv.gpus)} GPUs ({kind})"
+          + (f"; {inv.note}" if inv.note else ""), flush=True)  # fmt: skip
+    asyncio.run(_serve(agent))
+    return 0

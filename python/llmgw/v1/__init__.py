@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of the llmgw.v1 API (agent service); make generate writes them."""
