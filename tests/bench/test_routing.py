@@ -36,7 +36,9 @@ from bench.workload import WorkloadSpec, build, messages
 
 from tests.bench.test_harness import _res
 
-SMALL = WorkloadSpec(users=6, turns=4, system_prompts=2, system_words=40)
+SMALL = WorkloadSpec(
+    users=6, turns=4, turns_spread=0, tenant_skew=0, system_prompts=2, system_words=40
+)
 
 
 def test_workload_is_deterministic_and_seeded() -> None:
