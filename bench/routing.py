@@ -76,6 +76,8 @@ def run_routing(args: argparse.Namespace) -> int:
         wl_spec = replace(wl_spec, users=args.users)
     if args.turns:
         wl_spec = replace(wl_spec, turns=args.turns)
+    if args.tenant_skew is not None:
+        wl_spec = replace(wl_spec, tenant_skew=args.tenant_skew)
     if args.quick:
         wl_spec = replace(wl_spec, users=8, turns=3)
     workload = build(wl_spec)
