@@ -61,7 +61,7 @@ from bench.sessions import ByReplica, Fixed, Router, run_sessions
 from bench.workload import Workload, WorkloadSpec, build
 
 SESSIONS = 16  # users in flight at once: 4 per replica when balanced, under max-num-seqs 8
-ROUND_S = 60.0  # a round stops taking new turns after this long, whatever is left
+ROUND_S = 120.0  # a round stops taking new turns after this long, whatever is left
 
 
 def run_routing(args: argparse.Namespace) -> int:
@@ -76,6 +76,8 @@ def run_routing(args: argparse.Namespace) -> int:
         wl_spec = replace(wl_spec, users=args.users)
     if args.turns:
         wl_spec = replace(wl_spec, turns=args.turns)
+    if args.tenant_skew is not None:
+        wl_spec = replace(wl_spec, tenant_skew=args.tenant_skew)
     if args.quick:
         wl_spec = replace(wl_spec, users=8, turns=3)
     workload = build(wl_spec)

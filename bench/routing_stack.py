@@ -30,7 +30,7 @@ class FleetSpec:
     itl_ms: float = 2.0
     output_tokens: int = 16
     block_size: int = 16
-    cache_blocks: int = 512
+    cache_blocks: int = 1536
     max_num_seqs: int = 8
     tokenizer: str = TOKENIZER
 

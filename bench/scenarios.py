@@ -78,8 +78,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "--requests", type=int, default=100_000, help="soak: requests in all (default 100000)"
     )
     p.add_argument("--out", help="result path (default bench/results/SCENARIO-DATE.json)")
-    p.add_argument("--users", type=int, help="routing: chat users (default 32)")
-    p.add_argument("--turns", type=int, help="routing: turns per user (default 8)")
+    p.add_argument("--users", type=int, help="routing: chat users (default 64)")
+    p.add_argument("--turns", type=int, help="routing: mean turns per user (default 6, +-4)")
+    p.add_argument(
+        "--tenant-skew",
+        type=float,
+        help="routing: Zipf exponent of system-prompt popularity (default 1; 0: equal groups)",
+    )
     p.add_argument("--replicas", type=int, help="routing: simulator replicas (default 4)")
     p.add_argument("--cache-blocks", type=int, help="routing: prefix-cache blocks per replica")
 

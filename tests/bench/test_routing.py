@@ -36,7 +36,9 @@ from bench.workload import WorkloadSpec, build, messages
 
 from tests.bench.test_harness import _res
 
-SMALL = WorkloadSpec(users=6, turns=4, system_prompts=2, system_words=40)
+SMALL = WorkloadSpec(
+    users=6, turns=4, turns_spread=0, tenant_skew=0, system_prompts=2, system_words=40
+)
 
 
 def test_workload_is_deterministic_and_seeded() -> None:
@@ -60,6 +62,20 @@ def test_each_turn_extends_the_previous_one_and_users_share_system_prompts() -> 
     # Different users never send the same turn, even under the same system prompt.
     firsts = [messages(t[0])[1]["content"] for t in w.bodies]
     assert len(set(firsts)) == len(firsts)
+
+
+def test_default_workload_is_uneven_as_real_tenants_and_chats_are() -> None:
+    spec = WorkloadSpec(system_words=5, user_words=2, reply_words=2)
+    w = build(spec)
+    per_user = [len(t) for t in w.bodies]
+    assert min(per_user) >= spec.turns - spec.turns_spread
+    assert max(per_user) <= spec.turns + spec.turns_spread
+    assert len(set(per_user)) > 1
+    tenants = [w.user_system.count(i) for i in range(spec.system_prompts)]
+    # Zipf: prompt 0 is the busiest, well above an equal share.
+    assert tenants[0] == max(tenants) and tenants[0] > 2 * spec.users / spec.system_prompts
+    with pytest.raises(ValueError):
+        build(WorkloadSpec(tenant_skew=-1))
 
 
 def test_shared_prefixes_hold_in_tokens_too() -> None:
