@@ -7,7 +7,7 @@ from llmgw.store.errors import shown
 from llmgw.store.views import AuditEvent
 
 from .route import ApiError, Param, Request, Route
-from .store_errors import seconds
+from .store_errors import mapped, seconds
 
 DEFAULT_SINCE = "7d"
 
@@ -20,6 +20,7 @@ def _limit(req: Request) -> int:
     return int(text)
 
 
+@mapped
 async def list_audit(req: Request) -> list[AuditEvent]:
     """GET /api/v1/audit?since=&limit=&actor=&contains=."""
     since = seconds(req.query.get("since") or DEFAULT_SINCE, "audit.bad_since", "since")

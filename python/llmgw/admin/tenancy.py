@@ -16,11 +16,12 @@ from llmgw.store import removals, tenancy, users
 from llmgw.store.views import MemberView, OrgView, ProjectView, Role, TeamView, UserView
 from llmgw.wire import Limits
 
-from .route import Param, Request, Route
+from .route import ApiError, Param, Request, Route
 from .store_errors import Duration, Name, Ref, mapped, path_ref, seconds
 
-Email = Annotated[str, msgspec.Meta(max_length=255, pattern=r"^[^@\s]{1,64}@[^@\s]{1,190}$",
-                                    examples=["alice@example.com"])]
+Email = Annotated[str, msgspec.Meta(
+    max_length=255, pattern=r"^[^@\s\x00-\x1f\x7f]{1,64}@[^@\s\x00-\x1f\x7f]{1,190}$",
+    examples=["alice@example.com"])]
 Scope = Annotated[str, msgspec.Meta(
     min_length=1, max_length=200,
     description="org:ORG, team:ORG/TEAM, project:ORG/TEAM/PROJECT, or an org, team or project ID.",
@@ -277,8 +278,11 @@ async def add_member(req: Request) -> MemberView:
 @mapped
 async def remove_member(req: Request) -> MemberView:
     """DELETE /api/v1/members/{user}?scope=."""
-    return await removals.remove_member(req.db, req.actor, req.path_params["user"],
-                                        req.query.get("scope", ""))
+    scope = req.query.get("scope")
+    if not scope:
+        raise ApiError(400, "members.scope_required", "say which membership to remove with "
+                       "?scope=org:ORG, team:ORG/TEAM or project:ORG/TEAM/PROJECT", "scope")
+    return await removals.remove_member(req.db, req.actor, req.path_params["user"], scope)
 
 
 _SCOPE = Param("scope", "org:ORG, team:ORG/TEAM, project:ORG/TEAM/PROJECT, or an ID.")

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from .db import Database
+from .errors import Invalid, shown
 from .views import AuditEvent
 
 MAX_LIMIT = 1000
@@ -55,6 +56,11 @@ async def query(db: Database, *, since: float | None = None, limit: int = 100,
     """Events newest first: within `since` seconds of now, by `actor`, whose action or target
     contains `contains` (case-insensitive, literally); at most `limit` (capped at MAX_LIMIT)."""
     now = time.time() if now is None else now
+    for name, text in (("actor", actor), ("contains", contains)):
+        # PostgreSQL refuses NUL in text, and no actor or action holds a control character.
+        if text is not None and (len(text) > 200 or any(ord(c) < 32 for c in text)):
+            raise Invalid("audit.bad_filter", f"{name}={shown(text)} is not something the log "
+                          "holds: give at most 200 printable characters", name)
     where = ["at >= $1"]
     args: list[Any] = [now - since if since is not None else 0.0]
     if actor is not None:

@@ -132,6 +132,11 @@ def _taken(what: str, name: str, where: str) -> Taken:
     return Taken("tenancy.name_taken", f"{what} named {shown(name)} already exists; {where}", "name")
 
 
+def _sibling(parent_kind: str, parent: str, kind: str, name: str) -> Taken:
+    return Taken("tenancy.name_taken", f"{parent_kind} {parent!r} already has a {kind} named "
+                 f"{name!r}; rename one of the two first", "name")
+
+
 async def update_org(db: Database, actor: str, ref: str, *, name: str | UnsetType = UNSET,
                      max_key_ttl: float | None | UnsetType = UNSET,
                      limits: Limits | None | UnsetType = UNSET) -> OrgView:
@@ -218,10 +223,12 @@ async def update_team(db: Database, actor: str, ref: str, *, name: str | UnsetTy
     async with db.transaction() as tx:
         before = await get_team(tx, ref)
         sets: dict[str, Any] = {}
+        parent = before.path.split("/")[0]
         if not isinstance(name, UnsetType):
             sets["name"] = check_name(name, "team")
         if not isinstance(org, UnsetType):
-            sets["org_id"] = (await get_org(tx, org, "org")).id
+            target = await get_org(tx, org, "org")
+            sets["org_id"], parent = target.id, target.name
         if not isinstance(max_key_ttl, UnsetType):
             sets["max_key_ttl"] = _ttl(max_key_ttl)
         if not isinstance(limits, UnsetType):
@@ -229,8 +236,7 @@ async def update_team(db: Database, actor: str, ref: str, *, name: str | UnsetTy
         try:
             await _update(tx, "teams", before.id, sets)
         except Conflict as e:
-            raise _taken("a team", sets.get("name", before.name),
-                         "the organization already has one; rename one of them first") from e
+            raise _sibling("organization", parent, "team", sets.get("name", before.name)) from e
         after = await get_team(tx, before.id)
         if after != before:
             if after.org_id != before.org_id:
@@ -297,10 +303,12 @@ async def update_project(db: Database, actor: str, ref: str, *, name: str | Unse
     async with db.transaction() as tx:
         before = await get_project(tx, ref)
         sets: dict[str, Any] = {}
+        parent = before.path.rsplit("/", 1)[0]
         if not isinstance(name, UnsetType):
             sets["name"] = check_name(name, "project")
         if not isinstance(team, UnsetType):
-            sets["team_id"] = (await get_team(tx, team, "team")).id
+            target = await get_team(tx, team, "team")
+            sets["team_id"], parent = target.id, target.path
         if not isinstance(limits, UnsetType):
             sets["limits"] = limits_json(limits)
         if not isinstance(keep_bodies, UnsetType):
@@ -310,8 +318,7 @@ async def update_project(db: Database, actor: str, ref: str, *, name: str | Unse
         try:
             await _update(tx, "projects", before.id, sets)
         except Conflict as e:
-            raise _taken("a project", sets.get("name", before.name),
-                         "the team already has one; rename one of them first") from e
+            raise _sibling("team", parent, "project", sets.get("name", before.name)) from e
         after = await get_project(tx, before.id)
         if after != before:
             held = ("team_id", "org_id", "limits", "keep_bodies")

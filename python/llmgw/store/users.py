@@ -21,7 +21,7 @@ from .tenancy import get_org, get_project, get_team
 from .views import MemberView, ProjectView, Role, UserView
 
 ROLES: tuple[Role, ...] = ("owner", "admin", "member", "viewer")
-_EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,190}$")
+_EMAIL = re.compile(r"^[^@\s\x00-\x1f\x7f]{1,64}@[^@\s\x00-\x1f\x7f]{1,190}$")
 _MEMBERS = ("SELECT m.user_id, u.name AS user_name, m.scope_id, m.scope_kind, m.role, "
             "o.name AS org_name, t.name AS team_name, p.name AS project_name, "
             "tp.name AS pteam_name, op.name AS porg_name, ot.name AS torg_name "
