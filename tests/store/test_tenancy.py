@@ -179,3 +179,29 @@ def test_deleting_a_scope_drops_its_memberships(store_url: str) -> None:
         assert [m.scope for m in await list_members(db)] == ["org:acme"]
 
     with_db(store_url, body)
+
+
+def test_concurrent_changes_serialize(store_url: str) -> None:
+    import asyncio
+
+    from llmgw.secrets import HASH_LABEL, derive
+    from llmgw.store.keys import issue_key
+    from llmgw.store.snapshot import build_snapshot
+
+    async def body(db: Database) -> None:
+        assert (await build_snapshot(db)).version == await snapshot_version(db) == 1
+        results = await asyncio.gather(*(t.create_org(db, A, "acme") for _ in range(8)),
+                                       return_exceptions=True)
+        assert sum(not isinstance(r, BaseException) for r in results) == 1
+        assert all(isinstance(r, Taken) for r in results if isinstance(r, BaseException))
+        await t.create_team(db, A, "acme", "ml")
+        await t.create_project(db, A, "acme/ml", "chat")
+        v = await snapshot_version(db)
+        hk = derive(b"x" * 32, HASH_LABEL)
+        issued = await asyncio.gather(*(issue_key(db, A, project="acme/ml/chat", name=f"k{i}",
+                                                  hash_key=hk) for i in range(10)))
+        # Every issue bumped the version exactly once, none lost to a race.
+        assert await snapshot_version(db) == v + 10
+        assert len({x.id for x in issued}) == len((await build_snapshot(db)).keys) == 10
+
+    with_db(store_url, body)
