@@ -9,12 +9,13 @@ process list, and on the command line where it does not (SGLang, llama.cpp).
 
 from __future__ import annotations
 
-import hmac
 import importlib.metadata
 import sys
 from collections.abc import Callable, Mapping
 
 import msgspec
+
+from llmgw.secrets import derive
 
 ENGINE_KEY_LABEL = "llmgw engine key v1"
 """The derivation label of the engine key; never used for another purpose (L16)."""
@@ -27,7 +28,7 @@ def engine_key(cluster_secret: bytes) -> str:
     never holds the cluster secret. Same construction as the other derived keys
     (one label per purpose), so a leaked engine key says nothing about the others.
     """
-    return hmac.new(cluster_secret, ENGINE_KEY_LABEL.encode(), "sha256").hexdigest()
+    return derive(cluster_secret, ENGINE_KEY_LABEL).hex()
 
 
 class LaunchRequest(msgspec.Struct, frozen=True, kw_only=True):
