@@ -102,7 +102,7 @@ def test_sql_in_headers_and_query_is_a_4xx_with_a_message(server: Server) -> Non
 
 
 def test_token_files_are_owner_only_and_the_listener_is_loopback(server: Server) -> None:
-    for name in ("secret", "admin-token"):
+    for name in ("secret", "admin-token", "llmgw.db"):
         assert stat.S_IMODE((server.data_dir / name).stat().st_mode) == 0o600
     assert stat.S_IMODE(server.data_dir.stat().st_mode) == 0o700
     assert server.url.startswith("http://127.0.0.1:")

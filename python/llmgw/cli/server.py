@@ -66,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
     from llmgw.control.settings import CONFIG_ENV
     from llmgw.store import StoreError
 
+    # Everything this process creates (the SQLite store, its WAL) holds key hashes
+    # and audit rows: owner-only, like the secret beside it.
+    os.umask(0o077)
     try:
         encoded = _prepare(args)
     except (ConfigError, DataDirError, StoreError) as e:

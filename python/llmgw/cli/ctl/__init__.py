@@ -113,7 +113,7 @@ def _request(cmd: Command, args: argparse.Namespace) -> tuple[str, dict[str, str
             continue
         if a.to == "path":
             text = str(value).replace("/", ":") if a.kind == "ref" else str(value)
-            path = path.replace("{" + a.field + "}", quote(text, safe=""))
+            path = path.replace("{" + a.field + "}", quote(text, safe=":"))
         elif a.to == "query":
             query[a.field] = "true" if value is True else str(value)
         else:
