@@ -1,0 +1,217 @@
+"""`llmgw ctl`: the admin API from the command line, one command per row of `commands.COMMANDS`.
+
+Exit statuses: 0 done; 1 the server said no (its message and code are printed);
+2 a usage error; 3 the server cannot be reached; 4 no token, or the server did
+not accept it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from .client import Answer, Client, Unreachable
+from .commands import COMMANDS, Arg, Command
+from .render import block, table
+
+OK, REFUSED, USAGE, UNREACHABLE, BAD_TOKEN = 0, 1, 2, 3, 4
+DEFAULT_SERVER = "http://127.0.0.1:8081"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Adds the global options and one subcommand per row of COMMANDS."""
+    parser.add_argument("--server", metavar="URL",
+                        help=f"the control plane's admin URL (default $LLMGW_SERVER or {DEFAULT_SERVER})")
+    parser.add_argument("--token", help="the admin token (default $LLMGW_ADMIN_TOKEN, "
+                                        "then DATA_DIR/admin-token)")
+    parser.add_argument("--token-file", metavar="PATH", type=Path, help="read the admin token from PATH")
+    parser.add_argument("--data-dir", metavar="DIR", type=Path,
+                        help="the control plane's data dir, where admin-token is (on its machine)")
+    parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for an answer (default 60)")
+    parser.add_argument("--json", action="store_true", help="print the server's JSON, for scripts")
+    nouns = parser.add_subparsers(dest="ctl_noun", metavar="NOUN", required=True)
+    verb_groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    noun_parsers: dict[str, argparse.ArgumentParser] = {}
+    for cmd in COMMANDS:
+        noun = noun_parsers.get(cmd.noun)
+        if noun is None:
+            default = next((c for c in COMMANDS if c.noun == cmd.noun and not c.verb), None)
+            noun = noun_parsers[cmd.noun] = nouns.add_parser(
+                cmd.noun, help=(default.help if default else f"{cmd.noun}: " + ", ".join(
+                    c.verb for c in COMMANDS if c.noun == cmd.noun)))
+            if default is not None:
+                # `ctl usage --since 24h`: the noun alone is a command, with its options.
+                _add_args(noun, default)
+                noun.set_defaults(_ctl=default)
+        if not cmd.verb:
+            continue
+        if cmd.noun not in verb_groups:
+            verb_groups[cmd.noun] = noun.add_subparsers(
+                dest="ctl_verb", metavar="VERB", required=cmd.noun not in {c.noun for c in COMMANDS if not c.verb})
+        p = verb_groups[cmd.noun].add_parser(cmd.verb, help=cmd.help, description=cmd.help[0].upper() + cmd.help[1:] + ".")
+        _add_args(p, cmd)
+        if cmd.output == "csv":
+            p.add_argument("--output", "-o", metavar="FILE", type=Path, help="write to FILE, not stdout")
+        p.set_defaults(_ctl=cmd)
+
+
+def _add_args(p: argparse.ArgumentParser, cmd: Command) -> None:
+    for a in cmd.args:
+        dest = _dest(a)
+        if not a.flag.startswith("-"):
+            p.add_argument(dest, metavar=a.flag, help=a.help)
+        elif a.kind == "flag":
+            p.add_argument(a.flag, dest=dest, action="store_true", help=a.help)
+        elif a.kind == "bool":
+            p.add_argument(a.flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=a.help)
+        else:
+            p.add_argument(a.flag, dest=dest, required=a.required, choices=a.choices,
+                           default=a.default, type=int if a.kind == "int" else str, help=a.help,
+                           metavar=None if a.choices else a.flag.lstrip("-").upper().replace("-", "_"))
+    # Also after the verb (`ctl orgs list --json`), not only before the noun.
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def _dest(a: Arg) -> str:
+    return "arg_" + a.flag.lstrip("-").replace("-", "_").lower()
+
+
+def _token(args: argparse.Namespace) -> tuple[str | None, str]:
+    """(token, where it was looked for)."""
+    if args.token:
+        return args.token, "--token"
+    if args.token_file:
+        return _read_token(args.token_file), f"--token-file {args.token_file}"
+    env = os.environ.get("LLMGW_ADMIN_TOKEN")
+    if env:
+        return env.strip(), "$LLMGW_ADMIN_TOKEN"
+    from llmgw.control.settings import default_data_dir
+
+    path = (args.data_dir or default_data_dir()) / "admin-token"
+    return _read_token(path), str(path)
+
+
+def _read_token(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _request(cmd: Command, args: argparse.Namespace) -> tuple[str, dict[str, str], bytes | None]:
+    path = cmd.path
+    query: dict[str, str] = {}
+    body: dict[str, Any] = {}
+    for a in cmd.args:
+        value = getattr(args, _dest(a))
+        if value is None or (a.kind == "flag" and not value):
+            continue
+        if a.to == "path":
+            text = str(value).replace("/", ":") if a.kind == "ref" else str(value)
+            path = path.replace("{" + a.field + "}", quote(text, safe=":"))
+        elif a.to == "query":
+            query[a.field] = "true" if value is True else str(value)
+        else:
+            *parents, leaf = a.field.split(".")
+            node = body
+            for name in parents:
+                node = node.setdefault(name, {})
+            node[leaf] = value
+    if cmd.output == "csv" and args.json:
+        query["format"] = "json"
+    if cmd.method == "PATCH" and not body:
+        opts = ", ".join(a.flag for a in cmd.args if a.to == "body")
+        raise _Usage(f"nothing to change: give at least one of {opts}")
+    wants_body = cmd.method in ("POST", "PATCH", "PUT") and any(a.to == "body" for a in cmd.args)
+    return path, query, (json.dumps(body).encode() if wants_body else None)
+
+
+class _Usage(Exception):
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    """Calls the command's route and shows the answer; returns the exit status."""
+    cmd: Command = args._ctl
+    try:
+        path, query, body = _request(cmd, args)
+    except _Usage as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE
+    token, source = _token(args)
+    if token is None:
+        print(f"error: no admin token: none in {source}; give --token or --token-file, set "
+              "LLMGW_ADMIN_TOKEN, or run where the control plane's data dir is (--data-dir)",
+              file=sys.stderr)
+        return BAD_TOKEN
+    server = args.server or os.environ.get("LLMGW_SERVER") or DEFAULT_SERVER
+    try:
+        client = Client(server, token, args.timeout)
+        answer = client.call(cmd.method, path, query, body)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE
+    except Unreachable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return UNREACHABLE
+    if answer.status >= 400:
+        return _refused(answer, source)
+    return _show(cmd, args, answer)
+
+
+def _refused(answer: Answer, source: str) -> int:
+    try:
+        err = json.loads(answer.body)["error"]
+        message, code = str(err["message"]), str(err.get("code"))
+    except (ValueError, KeyError, TypeError):
+        text = answer.body[:200].decode(errors="replace")
+        print(f"error: the server answered HTTP {answer.status} without an llmgw error: {text}",
+              file=sys.stderr)
+        return REFUSED
+    print(f"error: {message} [{code}]", file=sys.stderr)
+    if answer.status == 401:
+        print(f"hint: the token was read from {source}", file=sys.stderr)
+        return BAD_TOKEN
+    return REFUSED
+
+
+def _show(cmd: Command, args: argparse.Namespace, answer: Answer) -> int:
+    if cmd.output == "csv" and not args.json:
+        if args.output is not None:
+            args.output.write_bytes(answer.body)
+            print(f"wrote {args.output}", file=sys.stderr)
+        else:
+            sys.stdout.write(answer.body.decode())
+        return OK
+    data: Any = json.loads(answer.body) if answer.body else None
+    if args.json:
+        if cmd.output == "csv" and args.output is not None:
+            args.output.write_text(json.dumps(data, indent=2) + "\n")
+        else:
+            print(json.dumps(data, indent=2))
+        return OK
+    if cmd.output == "routes":
+        rows = [{"method": m.upper(), "path": p, "summary": op.get("summary", "")}
+                for p, ops in data["paths"].items() for m, op in ops.items()]
+        print(table(rows, cmd.columns))
+    elif cmd.output == "table":
+        print(table(data, cmd.columns) if data else f"no {cmd.noun}")
+    elif cmd.output == "key":
+        # The key alone on stdout (KEY=$(llmgw ctl keys issue ...) works); the rest to stderr.
+        print(data["key"])
+        view = {k: v for k, v in data.items() if k != "key"}
+        print(block(view, cmd.columns), file=sys.stderr)
+        print("This key will not be shown again: store it now.", file=sys.stderr)
+    elif cmd.output == "done":
+        values = {a.field: getattr(args, _dest(a)) for a in cmd.args}
+        print(cmd.done.format(**values))
+    elif cmd.output == "json" or not isinstance(data, dict):
+        print(json.dumps(data, indent=2))
+    else:
+        print(block(data, cmd.columns))
+    return OK

@@ -1,0 +1,93 @@
+"""`llmgw server`: the control plane, serving the admin API with granian (exactly one worker)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from llmgw.config import ConfigError
+from llmgw.serving import announce_when_listening
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Adds the control plane's options."""
+    from llmgw.control.settings import default_data_dir
+
+    parser.add_argument("--data-dir", metavar="DIR", type=Path, default=None,
+                        help=f"where the secret, the admin token and the SQLite store live "
+                             f"(default {default_data_dir()})")
+    parser.add_argument("--store", metavar="URL",
+                        help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
+                             "(default sqlite:///DATA_DIR/llmgw.db)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address of the admin listener (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8081, help="port of the admin listener (default 8081)")
+    parser.add_argument("--config", metavar="PATH", help="server.yaml to read (its `control_plane:` section)")
+
+
+def _prepare(args: argparse.Namespace) -> str:
+    """Validates everything, creates the data dir's files, migrates; returns the worker's config."""
+    from llmgw.control import datadir
+    from llmgw.control.settings import ServerConfig, default_data_dir, encode_config, load_settings
+    from llmgw.store import connect, migrate
+
+    data_dir = (args.data_dir or default_data_dir()).expanduser().absolute()
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
+    settings = load_settings(args.config)
+    datadir.prepare(data_dir)
+    store = args.store or f"sqlite:///{data_dir / 'llmgw.db'}"
+
+    async def migrate_once() -> None:
+        # Here, in the parent, so that a store that cannot be reached or migrated
+        # is one clear sentence and exit status 2, not a worker dying in granian.
+        db = await connect(store)
+        try:
+            await migrate(db)
+        finally:
+            await db.close()
+
+    asyncio.run(migrate_once())
+    cfg = ServerConfig(data_dir=str(data_dir), store=store, host=args.host, port=args.port,
+                       settings=settings)
+    return encode_config(cfg)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Prepares the data dir and store, then serves until SIGTERM/SIGINT."""
+    from granian import Granian
+    from granian.constants import Interfaces, Loops
+    from granian.log import LogLevels
+
+    from llmgw.control.datadir import DataDirError
+    from llmgw.control.settings import CONFIG_ENV
+    from llmgw.store import StoreError
+
+    # Everything this process creates (the SQLite store, its WAL) holds key hashes
+    # and audit rows: owner-only, like the secret beside it.
+    os.umask(0o077)
+    try:
+        encoded = _prepare(args)
+    except (ConfigError, DataDirError, StoreError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.environ[CONFIG_ENV] = encoded
+    server = Granian(
+        "llmgw.control.server:create_app",
+        factory=True,
+        address=args.host,
+        port=args.port,
+        interface=Interfaces.RSGI,
+        # Exactly one: the control plane's state (snapshots, leases) lives in it.
+        workers=1,
+        loop=Loops.uvloop,
+        log_access=False,
+        log_level=LogLevels.warning,
+    )
+    line = f"llmgw control plane listening on http://{args.host}:{args.port}"
+    server.on_startup(lambda: announce_when_listening(args.host, args.port, line))
+    server.serve()
+    return 0

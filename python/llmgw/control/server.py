@@ -1,0 +1,145 @@
+"""`ControlPlane`: the state one control plane process serves the admin API from.
+
+Granian runs exactly one worker for it (`llmgw server`): snapshots, limit
+leases and usage ingestion keep state in this process, so a second worker would
+be a second, disagreeing authority. The worker calls `create_app()`; its
+`__rsgi_init__` runs `ControlPlane.start()` on the worker's loop.
+
+Other parts of the control plane (snapshot publisher, limits authority, usage
+settling) attach at start: each is named in `ATTACH` as `module:function`, an
+`async def attach(cp: ControlPlane) -> None` that sets its slot (`cp.snapshots`,
+`cp.limits`, `cp.usage`), starts its tasks with `cp.spawn` and registers its
+cleanup with `cp.on_stop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import importlib
+import logging
+import os
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmgw.store import Database, connect, migrate
+
+from . import datadir
+from .settings import CONFIG_ENV, ServerConfig, Settings, decode_config
+
+if TYPE_CHECKING:
+    from llmgw.admin.app import AdminApp
+    from llmgw.admin.route import Route
+
+log = logging.getLogger("llmgw.control")
+
+# One line per part that runs beside the admin API (see the module docstring),
+# e.g. "llmgw.control.snapshots:attach". Attached in this order, stopped in reverse.
+ATTACH: tuple[str, ...] = ()
+
+HASH_KEY_LABEL = "llmgw api-key hash v1"
+GATEWAY_TOKEN_LABEL = "llmgw gateway token v1"
+
+
+def derive(secret: bytes, label: str) -> bytes:
+    """A 32-byte key for one purpose, from the cluster secret."""
+    # TODO(integration): llmgw.secrets.derive (helper A) is the one definition;
+    # this copy of the same formula exists only until that module is on this branch.
+    return hmac.new(secret, label.encode(), "sha256").digest()
+
+
+def token_digest(token: str) -> bytes:
+    """What a presented token is compared by (the token itself is not kept in memory)."""
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+
+
+class ControlPlane:
+    """The control plane's state: the store, the secrets derived from the cluster secret, the
+    settings, and the slots other parts attach to. `Request.state` is this object."""
+
+    def __init__(self, config: ServerConfig, routes: Sequence[Route]) -> None:
+        self.config = config
+        self.routes = tuple(routes)
+        """The route table the admin app mounts (and the OpenAPI document describes)."""
+        self.settings: Settings = config.settings
+        self.data_dir = Path(config.data_dir)
+        self.secret = b""
+        self.hash_key = b""
+        """The key of the API keys' keyed hash (`derive(secret, "llmgw api-key hash v1")`)."""
+        self.gateway_token = ""
+        """What gateways send as `Authorization: Bearer` to /internal/v1/*."""
+        self.admin_token_digest = b""
+        self.gateway_token_digest = b""
+        # Slots other parts fill in their attach function.
+        self.snapshots: Any = None
+        self.limits: Any = None
+        self.usage: Any = None
+        self._db: Database | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._on_stop: list[Callable[[], Awaitable[None]]] = []
+
+    @property
+    def db(self) -> Database:
+        """The open store (after `start()`)."""
+        if self._db is None:
+            raise RuntimeError("the control plane has not started: call start() first")
+        return self._db
+
+    async def start(self) -> None:
+        """Reads the secrets, opens and migrates the store, attaches every part in ATTACH."""
+        self.secret = datadir.read_secret(self.data_dir)
+        self.hash_key = derive(self.secret, HASH_KEY_LABEL)
+        self.gateway_token = derive(self.secret, GATEWAY_TOKEN_LABEL).hex()
+        self.gateway_token_digest = token_digest(self.gateway_token)
+        self.admin_token_digest = token_digest(datadir.read_admin_token(self.data_dir))
+        self._db = await connect(self.config.store)
+        await migrate(self._db)
+        for name in ATTACH:
+            module, _, func = name.partition(":")
+            attach: Callable[[ControlPlane], Awaitable[None]] = getattr(
+                importlib.import_module(module), func)
+            await attach(self)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Runs a background task until `stop()` (which cancels it); a crash is logged."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("control plane task %s failed", task.get_name(), exc_info=task.exception())
+
+    def on_stop(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Runs `fn` at `stop()`, after the tasks are cancelled, in reverse order of registration."""
+        self._on_stop.append(fn)
+
+    async def stop(self) -> None:
+        """Cancels the tasks, runs the stop hooks, closes the store."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for fn in reversed(self._on_stop):
+            try:
+                await fn()
+            except Exception:
+                # One part failing to stop must not keep the others from flushing.
+                log.exception("a control plane stop hook failed")
+        self._on_stop.clear()
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+
+
+def create_app() -> AdminApp:
+    """Granian's factory: the admin app over the route table, configured from the environment."""
+    from llmgw.admin.app import AdminApp
+    from llmgw.admin.table import ROUTES
+
+    config = decode_config(os.environ[CONFIG_ENV])
+    return AdminApp(ControlPlane(config, ROUTES))

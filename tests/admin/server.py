@@ -1,0 +1,69 @@
+"""Starting a real `llmgw server` for a test, and calling it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.procs import Proc, free_port, start_process
+
+READY = "llmgw control plane listening on"
+
+
+@dataclass
+class Server:
+    """A running control plane: its process, URL, data dir and tokens."""
+
+    proc: Proc
+    url: str
+    data_dir: Path
+    admin_token: str
+
+    @property
+    def gateway_token(self) -> str:
+        """The gateway token, derived from the data dir's secret as gateways do."""
+        from llmgw.control.server import GATEWAY_TOKEN_LABEL, derive
+
+        secret = bytes.fromhex((self.data_dir / "secret").read_text().strip())
+        return derive(secret, GATEWAY_TOKEN_LABEL).hex()
+
+    def call(self, method: str, path: str, token: str | None = "admin", body: bytes | None = None,
+             headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
+        """(status, headers, JSON body or text) of one request; token "admin"/"gateway"/a literal/None."""
+        hdrs = dict(headers or {})
+        if token is not None:
+            value = {"admin": self.admin_token, "gateway": self.gateway_token}.get(token, token)
+            hdrs["Authorization"] = f"Bearer {value}"
+        conn = http.client.HTTPConnection("127.0.0.1", self.proc.port, timeout=30)
+        try:
+            conn.request(method, path, body=body, headers=hdrs)
+            resp = conn.getresponse()
+            data = resp.read()
+            out_headers = {k.lower(): v for k, v in resp.getheaders()}
+        finally:
+            conn.close()
+        ctype = out_headers.get("content-type", "")
+        if "json" not in ctype or not data:
+            return resp.status, out_headers, data.decode()
+        doc = json.loads(data)
+        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+            # Messages name the data dir, which is in tmp: tests read DATA for it.
+            doc["error"]["message"] = doc["error"]["message"].replace(str(self.data_dir), "DATA")
+        return resp.status, out_headers, doc
+
+
+def start_server(tmp_path: Path, store: str | None = None, *extra: str,
+                 port: int | None = None) -> Server:
+    """`llmgw server` on a free port with a fresh data dir under tmp_path."""
+    data_dir = tmp_path / "data"
+    args = [sys.executable, "-m", "llmgw", "server", "--data-dir", str(data_dir),
+            "--port", str(port or free_port()), *extra]
+    if store is not None:
+        args += ["--store", store]
+    proc = start_process(args, READY, timeout=30)
+    token = (data_dir / "admin-token").read_text().strip()
+    return Server(proc, proc.url, data_dir, token)

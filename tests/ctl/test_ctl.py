@@ -1,0 +1,207 @@
+"""`llmgw ctl` against a running control plane, and against a stand-in for the routes to come."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from inline_snapshot import snapshot
+
+from llmgw.admin.matching import Router
+from llmgw.admin.route import Route
+from llmgw.cli.ctl.commands import COMMANDS
+from llmgw.cli.main import main
+from tests.admin.server import Server
+from tests.procs import free_port
+
+
+def ctl(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `llmgw ctl ARGV`."""
+    try:
+        code = main(["ctl", *argv])
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_prints_the_servers_document(server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = ctl(capsys, "--server", server.url, "--data-dir", str(server.data_dir),
+                       "api", "routes", "--json")
+    assert code == 0 and json.loads(out)["openapi"] == "3.1.0"
+
+
+def test_routes_table(server: Server, capsys: pytest.CaptureFixture[str],
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_ADMIN_TOKEN", server.admin_token)
+    monkeypatch.setenv("LLMGW_SERVER", server.url)
+    assert ctl(capsys, "api", "routes") == snapshot((0, """\
+METHOD  PATH                  SUMMARY
+GET     /api/v1/openapi.json  This document
+""", ""))
+
+
+def test_unreachable_server_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    code, out, err = ctl(capsys, "--server", f"http://127.0.0.1:{port}", "--token", "t", "orgs", "list")
+    assert (code, out, err.replace(str(port), "PORT")) == snapshot((3, "", """\
+error: cannot reach the control plane at http://127.0.0.1:PORT (connection refused); start it with `llmgw server` on that machine (it listens on http://127.0.0.1:8081 by default), or point --server (or LLMGW_SERVER) at where it runs
+"""))
+
+
+def test_wrong_token_is_exit_4(server: Server, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "token"
+    bad.write_text("llmgw-admin-not-this-one\n")
+    code, out, err = ctl(capsys, "--server", server.url, "--token-file", str(bad), "api", "routes")
+    err = err.replace(str(server.data_dir), "DATA").replace(str(tmp_path), "TMP")
+    assert (code, out, err) == snapshot((4, "", """\
+error: the bearer token is not valid here: send `Authorization: Bearer <admin token>`; the admin token is in DATA/admin-token on the control plane's machine [auth.bad_token]
+hint: the token was read from --token-file TMP/token
+"""))
+    code, _, err = ctl(capsys, "--server", server.url, "--data-dir", str(tmp_path / "none"), "api", "routes")
+    assert code == 4 and "no admin token" in err
+
+
+def test_every_command_calls_a_route_of_the_brief() -> None:
+    # Until the areas are merged the admin table has only the meta route; the
+    # command table is checked against itself: well-formed paths, one (noun, verb) each.
+    router = Router([Route(c.method, c.path, c.help, _nothing) for c in
+                     {(c.method, c.path): c for c in COMMANDS}.values()])
+    seen = set()
+    for c in COMMANDS:
+        assert (c.noun, c.verb) not in seen
+        seen.add((c.noun, c.verb))
+        concrete = "/".join("x" if s.startswith("{") else s for s in c.path.split("/"))
+        match = router.match(c.method, concrete)
+        assert match is not None and match.route is not None and match.route.path == c.path
+        for a in c.args:
+            if a.to == "path":
+                assert "{" + a.field + "}" in c.path, (c.noun, c.verb, a.flag)
+
+
+async def _nothing(req: Any) -> None:
+    return None
+
+
+# -- a stand-in server for the tenancy, keys and usage routes ---------------------
+
+class _Fake(BaseHTTPRequestHandler):
+    answers: ClassVar[dict[tuple[str, str], tuple[int, str, bytes]]] = {}
+    seen: ClassVar[list[tuple[str, str, bytes]]] = []
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        self.seen.append((self.command, self.path, self.rfile.read(length)))
+        status, ctype, body = self.answers.get((self.command, self.path.split("?")[0]),
+                                               (404, "application/json", b'{"error": {"message": "no", "code": "x"}}'))
+        self.send_response(status)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PATCH = do_DELETE = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Fake]]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
+    _Fake.answers, _Fake.seen = {}, []
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    monkeypatch.setenv("LLMGW_SERVER", f"http://127.0.0.1:{httpd.server_address[1]}")
+    monkeypatch.setenv("LLMGW_ADMIN_TOKEN", "llmgw-admin-test")
+    try:
+        yield _Fake
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _json(status: int, value: Any) -> tuple[int, str, bytes]:
+    return status, "application/json", json.dumps(value).encode()
+
+
+def test_orgs_list_table(fake: type[_Fake], capsys: pytest.CaptureFixture[str]) -> None:
+    fake.answers[("GET", "/api/v1/orgs")] = _json(200, [
+        {"id": "org_aaaaaaaaaaaaaaaa", "name": "acme", "max_key_ttl": 7776000.0, "teams": 2,
+         "limits": {"rpm": 60, "budget_period": "month"}, "created_at": 1790000000.0},
+        {"id": "org_bbbbbbbbbbbbbbbb", "name": "beta", "max_key_ttl": None, "teams": 0,
+         "limits": {}, "created_at": 1790086400.5},
+    ])
+    assert ctl(capsys, "orgs", "list") == snapshot((0, """\
+ID                    NAME  TEAMS  MAX KEY TTL  LIMITS                      CREATED
+org_aaaaaaaaaaaaaaaa  acme  2      90d          rpm=60 budget_period=month  2026-09-21T14:13:20Z
+org_bbbbbbbbbbbbbbbb  beta  0      -            -                           2026-09-22T14:13:20Z
+""", ""))
+    fake.answers[("GET", "/api/v1/orgs")] = _json(200, [])
+    assert ctl(capsys, "orgs", "list") == snapshot((0, "no orgs\n", ""))
+
+
+def test_keys_issue_prints_the_key_once(fake: type[_Fake], capsys: pytest.CaptureFixture[str]) -> None:
+    fake.answers[("POST", "/api/v1/keys")] = _json(201, {
+        "key": "sk-llmgw-" + "k" * 40, "id": "key_cccccccccccccccc", "name": "ci", "prefix": "sk-llmgw-kkkkkkk",
+        "project_id": "proj_dddddddddddddddd", "path": "acme/ml/chat", "user_id": None,
+        "created_at": 1790000000.0, "expires_at": 1792592000.0, "revoked_at": None,
+        "last_used_at": None, "limits": {"rpm": 10}})
+    code, out, err = ctl(capsys, "keys", "issue", "acme/ml/chat", "ci", "--ttl", "30d", "--rpm", "10")
+    assert (code, out, err) == snapshot((0, "sk-llmgw-kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk\n", """\
+id:           key_cccccccccccccccc
+name:         ci
+prefix:       sk-llmgw-kkkkkkk
+path:         acme/ml/chat
+user_id:      -
+expires_at:   2026-10-21T14:13:20Z
+last_used_at: -
+revoked_at:   -
+project_id:   proj_dddddddddddddddd
+created_at:   2026-09-21T14:13:20Z
+limits:       rpm=10
+This key will not be shown again: store it now.
+"""))
+    assert json.loads(fake.seen[-1][2]) == {"project": "acme/ml/chat", "name": "ci", "ttl": "30d",
+                                            "limits": {"rpm": 10}}
+
+
+def test_path_arguments_and_refusals(fake: type[_Fake], capsys: pytest.CaptureFixture[str]) -> None:
+    fake.answers[("PATCH", "/api/v1/projects/acme:ml:chat")] = _json(409, {"error": {
+        "message": "a project named chat exists in acme/ops; choose another name", "type": "conflict_error",
+        "param": "name", "code": "tenancy.name_taken"}})
+    assert ctl(capsys, "projects", "move", "acme/ml/chat", "acme/ops") == snapshot((1, "", """\
+error: a project named chat exists in acme/ops; choose another name [tenancy.name_taken]
+"""))
+    assert json.loads(fake.seen[-1][2]) == {"team": "acme/ops"}
+    assert ctl(capsys, "keys", "set", "key_x") == snapshot((2, "", """\
+error: nothing to change: give at least one of --name, --rpm, --tpm, --concurrency, --budget-tokens, --budget-period
+"""))
+    assert ctl(capsys, "orgs", "frobnicate")[0] == 2
+    fake.answers[("DELETE", "/api/v1/members/ann")] = (204, "application/json", b"")
+    assert ctl(capsys, "members", "remove", "ann", "--scope", "project:acme/ml/chat") == snapshot(
+        (0, "removed ann from project:acme/ml/chat\n", ""))
+    assert fake.seen[-1][1] == "/api/v1/members/ann?scope=project%3Aacme%2Fml%2Fchat"
+
+
+def test_usage_export_writes_csv(fake: type[_Fake], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    csv = b"period_start,org,requests\n2026-11-01,acme,3\n"
+    fake.answers[("GET", "/api/v1/usage/export")] = (200, "text/csv", csv)
+    assert ctl(capsys, "usage", "export", "--by", "org") == (0, csv.decode(), "")
+    out = tmp_path / "u.csv"
+    assert ctl(capsys, "usage", "export", "--period", "day", "--output", str(out))[0] == 0
+    assert out.read_bytes() == csv
+    assert fake.seen[-1][1] == "/api/v1/usage/export?period=day"
+    fake.answers[("GET", "/api/v1/usage")] = _json(200, [{"scope_id": "team_x", "path": "acme/ml", "requests": 5,
+                                                           "errors": 1, "prompt_tokens": 10,
+                                                           "completion_tokens": 20, "total_tokens": 30}])
+    assert ctl(capsys, "usage", "--since", "24h") == snapshot((0, """\
+SCOPE    REQUESTS  ERRORS  PROMPT  COMPLETION  TOTAL
+acme/ml  5         1       10      20          30
+""", ""))
+    assert fake.seen[-1][1] == "/api/v1/usage?since=24h"
