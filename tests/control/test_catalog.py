@@ -44,7 +44,11 @@ def test_models_from_server_yaml() -> None:
     assert (llama.min_replicas, llama.ceiling, llama.clamp(9), llama.clamp(0)) == (2, 4, 4, 2)
     h100, a100 = llama.profiles
     assert (h100.gpu_count, h100.gpu_memory, h100.nvlink) == (1, 40 * GiB, "prefer")
-    assert (a100.gpu_count, a100.nvlink, a100.describe()) == (2, "require", "2 x A100-40GB (30 GiB each)")
+    assert (a100.gpu_count, a100.nvlink, a100.describe()) == (
+        2,
+        "require",
+        "2 x A100-40GB (30 GiB each)",
+    )
     assert llama.source.origin == "huggingface"
     gemma = cat.get("gemma3-270m")
     assert gemma is not None
@@ -68,30 +72,71 @@ def test_no_models_section_is_an_empty_catalog() -> None:
 BAD = {
     "no profile": [{"name": "m", "source": {"repo": "o/m"}, "profiles": []}],
     "gpu count": [
-        {"name": "m", "source": {"repo": "o/m"},
-         "profiles": [{"name": "p", "engine": "vllm", "gpu_class": "H100-80GB", "gpu_count": -1}]}
+        {
+            "name": "m",
+            "source": {"repo": "o/m"},
+            "profiles": [
+                {"name": "p", "engine": "vllm", "gpu_class": "H100-80GB", "gpu_count": -1}
+            ],
+        }
     ],
-    "engine": [{"name": "m", "source": {"repo": "o/m"}, "profiles": [{"name": "p", "engine": "tgi"}]}],
+    "engine": [
+        {"name": "m", "source": {"repo": "o/m"}, "profiles": [{"name": "p", "engine": "tgi"}]}
+    ],
     "size": [
-        {"name": "m", "source": {"repo": "o/m"},
-         "profiles": [{"name": "p", "engine": "vllm", "gpu_class": "L4-24GB", "gpu_memory": "lots"}]}
+        {
+            "name": "m",
+            "source": {"repo": "o/m"},
+            "profiles": [
+                {"name": "p", "engine": "vllm", "gpu_class": "L4-24GB", "gpu_memory": "lots"}
+            ],
+        }
     ],
-    "source": [{"name": "m", "source": {"path": "/w", "repo": "o/m"}, "profiles": [{"name": "p", "engine": "sim"}]}],
+    "source": [
+        {
+            "name": "m",
+            "source": {"path": "/w", "repo": "o/m"},
+            "profiles": [{"name": "p", "engine": "sim"}],
+        }
+    ],
     "replicas": [
-        {"name": "m", "source": {"repo": "o/m"}, "min_replicas": 3, "max_replicas": 2,
-         "profiles": [{"name": "p", "engine": "sim"}]}
+        {
+            "name": "m",
+            "source": {"repo": "o/m"},
+            "min_replicas": 3,
+            "max_replicas": 2,
+            "profiles": [{"name": "p", "engine": "sim"}],
+        }
     ],
     "unknown field": [
-        {"name": "m", "source": {"repo": "o/m"}, "profiles": [{"name": "p", "engine": "sim", "gpus": 2}]}
+        {
+            "name": "m",
+            "source": {"repo": "o/m"},
+            "profiles": [{"name": "p", "engine": "sim", "gpus": 2}],
+        }
     ],
     "count without class": [
-        {"name": "m", "source": {"repo": "o/m"},
-         "profiles": [{"name": "p", "engine": "sim", "gpu_class": "H100-80GB", "gpu_count": 0}]}
+        {
+            "name": "m",
+            "source": {"repo": "o/m"},
+            "profiles": [{"name": "p", "engine": "sim", "gpu_class": "H100-80GB", "gpu_count": 0}],
+        }
     ],
-    "name": [{"name": "bad name", "source": {"repo": "o/m"}, "profiles": [{"name": "p", "engine": "sim"}]}],
+    "name": [
+        {
+            "name": "bad name",
+            "source": {"repo": "o/m"},
+            "profiles": [{"name": "p", "engine": "sim"}],
+        }
+    ],
     "alias taken": [
         {"name": "a", "source": {"repo": "o/a"}, "profiles": [{"name": "p", "engine": "sim"}]},
-        {"name": "b", "aliases": ["a"], "source": {"repo": "o/b"}, "profiles": [{"name": "p", "engine": "sim"}]},
+        {
+            "name": "b",
+            "aliases": ["a"],
+            "source": {"repo": "o/b"},
+            "profiles": [{"name": "p", "engine": "sim"}],
+        },
     ],
     "not a list": {"m": {}},
 }
@@ -103,62 +148,71 @@ def test_invalid_models_name_the_field() -> None:
         with pytest.raises(CatalogError) as e:
             load_models(section, "configuration file /etc/llmgw/server.yaml")
         said[case] = str(e.value)
-    assert said == snapshot({
-        'no profile': (
-            "The models in configuration file /etc/llmgw/server.yaml are invalid: model 'm' has no "
-            'profile; give at least one - at `$.models[0]`.'
-        ),
-        'gpu count': (
-            'The models in configuration file /etc/llmgw/server.yaml are invalid: Expected `int` '
-            '>= 0 - at `$.models[0].profiles[0].gpu_count`.'
-        ),
-        'engine': (
-            'The models in configuration file /etc/llmgw/server.yaml are invalid: Invalid enum '
-            "value 'tgi' - at `$.models[0].profiles[0].engine`."
-        ),
-        'size': (
-            "The models in configuration file /etc/llmgw/server.yaml are invalid: 'lots' is not a "
-            'size; write bytes, or e.g. 80GiB, 512MiB, 24GB - at '
-            '`$.models[0].profiles[0].gpu_memory`.'
-        ),
-        'source': (
-            'The models in configuration file /etc/llmgw/server.yaml are invalid: a source names '
-            'exactly one of `path` or `repo` - at `$.models[0].source`.'
-        ),
-        'replicas': (
-            "The models in configuration file /etc/llmgw/server.yaml are invalid: model 'm' has "
-            'max_replicas 2 below min_replicas 3 - at `$.models[0]`.'
-        ),
-        'unknown field': (
-            'The models in configuration file /etc/llmgw/server.yaml are invalid: Object contains '
-            'unknown field `gpus` - at `$.models[0].profiles[0]`.'
-        ),
-        'count without class': (
-            "The models in configuration file /etc/llmgw/server.yaml are invalid: profile 'p' "
-            'names gpu_class H100-80GB with gpu_count 0; drop gpu_class for a CPU profile - at '
-            '`$.models[0].profiles[0]`.'
-        ),
-        'name': (
-            'The models in configuration file /etc/llmgw/server.yaml are invalid: Expected `str` '
-            "matching regex '^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$' - at `$.models[0].name`."
-        ),
-        'alias taken': (
-            "The models in configuration file /etc/llmgw/server.yaml are invalid: the name 'a' is "
-            "used by both model 'a' and model 'b'; a name or alias must belong to one model."
-        ),
-        'not a list': (
-            'The models in configuration file /etc/llmgw/server.yaml are invalid: Expected '
-            '`array`, got `object` - at `$.models`.'
-        ),
-    })
+    assert said == snapshot(
+        {
+            "no profile": (
+                "The models in configuration file /etc/llmgw/server.yaml are invalid: model 'm' has no "
+                "profile; give at least one - at `$.models[0]`."
+            ),
+            "gpu count": (
+                "The models in configuration file /etc/llmgw/server.yaml are invalid: Expected `int` "
+                ">= 0 - at `$.models[0].profiles[0].gpu_count`."
+            ),
+            "engine": (
+                "The models in configuration file /etc/llmgw/server.yaml are invalid: Invalid enum "
+                "value 'tgi' - at `$.models[0].profiles[0].engine`."
+            ),
+            "size": (
+                "The models in configuration file /etc/llmgw/server.yaml are invalid: 'lots' is not a "
+                "size; write bytes, or e.g. 80GiB, 512MiB, 24GB - at "
+                "`$.models[0].profiles[0].gpu_memory`."
+            ),
+            "source": (
+                "The models in configuration file /etc/llmgw/server.yaml are invalid: a source names "
+                "exactly one of `path` or `repo` - at `$.models[0].source`."
+            ),
+            "replicas": (
+                "The models in configuration file /etc/llmgw/server.yaml are invalid: model 'm' has "
+                "max_replicas 2 below min_replicas 3 - at `$.models[0]`."
+            ),
+            "unknown field": (
+                "The models in configuration file /etc/llmgw/server.yaml are invalid: Object contains "
+                "unknown field `gpus` - at `$.models[0].profiles[0]`."
+            ),
+            "count without class": (
+                "The models in configuration file /etc/llmgw/server.yaml are invalid: profile 'p' "
+                "names gpu_class H100-80GB with gpu_count 0; drop gpu_class for a CPU profile - at "
+                "`$.models[0].profiles[0]`."
+            ),
+            "name": (
+                "The models in configuration file /etc/llmgw/server.yaml are invalid: Expected `str` "
+                "matching regex '^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$' - at `$.models[0].name`."
+            ),
+            "alias taken": (
+                "The models in configuration file /etc/llmgw/server.yaml are invalid: the name 'a' is "
+                "used by both model 'a' and model 'b'; a name or alias must belong to one model."
+            ),
+            "not a list": (
+                "The models in configuration file /etc/llmgw/server.yaml are invalid: Expected "
+                "`array`, got `object` - at `$.models`."
+            ),
+        }
+    )
 
 
 def test_sizes() -> None:
     assert [parse_size(s) for s in ("80GiB", "512 MiB", "24GB", "1.5GiB", "1024")] == [
-        80 * GiB, 512 * 2**20, 24 * 10**9, 3 * GiB // 2, 1024
+        80 * GiB,
+        512 * 2**20,
+        24 * 10**9,
+        3 * GiB // 2,
+        1024,
     ]
     assert [fmt_bytes(n) for n in (80 * GiB, 30 * GiB + GiB // 2, 512 * 2**20, 100)] == [
-        "80 GiB", "30.5 GiB", "512 MiB", "100 B"
+        "80 GiB",
+        "30.5 GiB",
+        "512 MiB",
+        "100 B",
     ]
 
 

@@ -25,9 +25,9 @@ def test_the_fullest_node_that_fits_comes_first() -> None:
     nodes = [node("a", 2), node("b", 2)]
     assert place(m, nodes, [replica("o", other, "b", [0])]) == ("default", "b", (1,))
     # On one node, the GPU with the least room that still fits: 50 GiB free beats 80.
-    assert place(m, [node("a", 2)], [replica("o", model("o", profile(mem=30 * GiB)), "a", [1])]) == (
-        "default", "a", (1,)
-    )
+    assert place(
+        m, [node("a", 2)], [replica("o", model("o", profile(mem=30 * GiB)), "a", [1])]
+    ) == ("default", "a", (1,))
 
 
 def test_replicas_of_a_model_spread_before_they_pack() -> None:
@@ -54,7 +54,11 @@ def test_a_multi_gpu_replica_stays_on_one_node() -> None:
     # a and b have 3 usable GPUs each (6 in all); neither can take 4.
     held = [replica("x", other, "a", [0]), replica("y", other, "b", [0])]
     assert place(m, [node("a", 4), node("b", 4)], held) is None
-    assert place(m, [node("a", 4), node("b", 4), node("c", 4)], held) == ("default", "c", (0, 1, 2, 3))
+    assert place(m, [node("a", 4), node("b", 4), node("c", 4)], held) == (
+        "default",
+        "c",
+        (0, 1, 2, 3),
+    )
 
 
 def test_an_nvlink_connected_set_is_chosen_when_there_is_one() -> None:
@@ -127,7 +131,9 @@ def test_explain_says_why_on_each_node() -> None:
         node("g-zone-b", labels={"zone": "b"}),
         node("h-ok", 4, labels={"zone": "a"}),
         node("i-holds", 4, labels={"zone": "a"}),
-        node("j-sim", gpus=gpus("j-sim", 4, islands=[range(4)], simulated=True), labels={"zone": "a"}),
+        node(
+            "j-sim", gpus=gpus("j-sim", 4, islands=[range(4)], simulated=True), labels={"zone": "a"}
+        ),
         node("k-engines", labels={"zone": "a"}, engines=("sim", "llamacpp")),
         node("l-cpu", 0, gpus=(), labels={"zone": "a"}),
         node("m-unreachable", state="unreachable"),
@@ -136,116 +142,120 @@ def test_explain_says_why_on_each_node() -> None:
         replica("r1", m, "i-holds", [0, 1])
     ]
     said = [(v.node, v.ok, [r.code for r in v.reasons], v.message) for v in explain(m, nodes, held)]
-    assert said == snapshot([
-        (
-            'a-cordoned',
-            False,
-            ['placement.node_cordoned'],
-            'Node a-cordoned is cordoned: it keeps its replicas but takes no new ones.',
-        ),
-        (
-            'b-lost',
-            False,
-            ['placement.node_lost'],
+    assert said == snapshot(
+        [
             (
-                'Node b-lost is lost: its agent stopped reporting long enough that its replicas '
-                'were placed elsewhere.'
+                "a-cordoned",
+                False,
+                ["placement.node_cordoned"],
+                "Node a-cordoned is cordoned: it keeps its replicas but takes no new ones.",
             ),
-        ),
-        (
-            'c-a100',
-            False,
-            ['placement.wrong_gpu_class'],
-            'Node c-a100 has no H100-80GB GPU for profile h100x2 (it has 4 x A100-40GB).',
-        ),
-        (
-            'd-one',
-            False,
-            ['placement.too_few_gpus'],
-            'Node d-one has 1 H100-80GB GPU, and profile h100x2 needs 2.',
-        ),
-        (
-            'e-full',
-            False,
-            ['placement.gpu_memory'],
             (
-                'Node e-full lacks GPU memory for profile h100x2: it needs 70 GiB free on each of '
-                '2 H100-80GB GPUs, and its best 2 have 80 GiB and 60 GiB free.'
+                "b-lost",
+                False,
+                ["placement.node_lost"],
+                (
+                    "Node b-lost is lost: its agent stopped reporting long enough that its replicas "
+                    "were placed elsewhere."
+                ),
             ),
-        ),
-        (
-            'f-flat',
-            False,
-            ['placement.no_nvlink_set'],
             (
-                'Node f-flat has no set of 2 H100-80GB GPUs that are pairwise NVLink-connected '
-                'with 70 GiB free on each, and profile h100x2 requires NVLink.'
+                "c-a100",
+                False,
+                ["placement.wrong_gpu_class"],
+                "Node c-a100 has no H100-80GB GPU for profile h100x2 (it has 4 x A100-40GB).",
             ),
-        ),
-        (
-            'g-zone-b',
-            False,
-            ['placement.label_missing'],
-            'Node g-zone-b lacks the label zone=a that profile h100x2 asks for.',
-        ),
-        (
-            'h-ok',
-            True,
-            ['placement.fits'],
             (
-                'Node h-ok can take a replica of llama with profile h100x2 on GPUs 0, 1 (pairwise '
-                'NVLink-connected).'
+                "d-one",
+                False,
+                ["placement.too_few_gpus"],
+                "Node d-one has 1 H100-80GB GPU, and profile h100x2 needs 2.",
             ),
-        ),
-        (
-            'i-holds',
-            False,
-            ['placement.spreading'],
             (
-                'Node i-holds could take profile h100x2 but already holds 1 replica of llama, and '
-                'other nodes that can take one hold fewer.'
+                "e-full",
+                False,
+                ["placement.gpu_memory"],
+                (
+                    "Node e-full lacks GPU memory for profile h100x2: it needs 70 GiB free on each of "
+                    "2 H100-80GB GPUs, and its best 2 have 80 GiB and 60 GiB free."
+                ),
             ),
-        ),
-        (
-            'j-sim',
-            False,
-            ['placement.simulated_gpus'],
             (
-                'Node j-sim has simulated GPUs, which run only the sim engine, and profile h100x2 '
-                'uses vllm.'
+                "f-flat",
+                False,
+                ["placement.no_nvlink_set"],
+                (
+                    "Node f-flat has no set of 2 H100-80GB GPUs that are pairwise NVLink-connected "
+                    "with 70 GiB free on each, and profile h100x2 requires NVLink."
+                ),
             ),
-        ),
-        (
-            'k-engines',
-            False,
-            ['placement.engine_unavailable'],
-            'Node k-engines cannot run engine vllm for profile h100x2 (it runs llamacpp, sim).',
-        ),
-        (
-            'l-cpu',
-            False,
-            ['placement.no_gpu'],
-            'Node l-cpu has no GPU, and profile h100x2 needs 2 x H100-80GB (70 GiB each).',
-        ),
-        (
-            'm-unreachable',
-            False,
-            ['placement.node_unreachable'],
-            'Node m-unreachable is unreachable: its agent has stopped reporting.',
-        ),
-    ])
+            (
+                "g-zone-b",
+                False,
+                ["placement.label_missing"],
+                "Node g-zone-b lacks the label zone=a that profile h100x2 asks for.",
+            ),
+            (
+                "h-ok",
+                True,
+                ["placement.fits"],
+                (
+                    "Node h-ok can take a replica of llama with profile h100x2 on GPUs 0, 1 (pairwise "
+                    "NVLink-connected)."
+                ),
+            ),
+            (
+                "i-holds",
+                False,
+                ["placement.spreading"],
+                (
+                    "Node i-holds could take profile h100x2 but already holds 1 replica of llama, and "
+                    "other nodes that can take one hold fewer."
+                ),
+            ),
+            (
+                "j-sim",
+                False,
+                ["placement.simulated_gpus"],
+                (
+                    "Node j-sim has simulated GPUs, which run only the sim engine, and profile h100x2 "
+                    "uses vllm."
+                ),
+            ),
+            (
+                "k-engines",
+                False,
+                ["placement.engine_unavailable"],
+                "Node k-engines cannot run engine vllm for profile h100x2 (it runs llamacpp, sim).",
+            ),
+            (
+                "l-cpu",
+                False,
+                ["placement.no_gpu"],
+                "Node l-cpu has no GPU, and profile h100x2 needs 2 x H100-80GB (70 GiB each).",
+            ),
+            (
+                "m-unreachable",
+                False,
+                ["placement.node_unreachable"],
+                "Node m-unreachable is unreachable: its agent has stopped reporting.",
+            ),
+        ]
+    )
 
 
 def test_explain_lists_every_profile_that_was_tried() -> None:
     m = model("m", profile("h100", mem=90 * GiB), profile("a100", cls=A100, mem=30 * GiB))
     said = [v.message for v in explain(m, [node("a", 1)], [])]
-    assert said == snapshot([
-        (
-            'Node a lacks GPU memory for profile h100: it needs 90 GiB free on 1 H100-80GB GPU, '
-            'and its best has 80 GiB free. Node a has no A100-40GB GPU for profile a100 (it has 1 '
-            'x H100-80GB).'
-        ),
-    ])
+    assert said == snapshot(
+        [
+            (
+                "Node a lacks GPU memory for profile h100: it needs 90 GiB free on 1 H100-80GB GPU, "
+                "and its best has 80 GiB free. Node a has no A100-40GB GPU for profile a100 (it has 1 "
+                "x H100-80GB)."
+            ),
+        ]
+    )
 
 
 def test_explain_for_a_cpu_profile() -> None:
@@ -253,11 +263,13 @@ def test_explain_for_a_cpu_profile() -> None:
     other = model("o", profile("cpu", cls=None, engine="llamacpp", cpu=2, memory=500 * GiB))
     nodes = [node("a", 0, gpus=(), cpu_cores=4.0), node("b", 0, gpus=()), node("c", 0, gpus=())]
     said = [v.message for v in explain(m, nodes, [replica("x", other, "b", [])])]
-    assert said == snapshot([
-        'Node a has 4 CPU cores free, and profile cpu needs 8.',
-        'Node b has 12 GiB of memory free, and profile cpu needs 16 GiB.',
-        'Node c can take a replica of m with profile cpu on its CPU.',
-    ])
+    assert said == snapshot(
+        [
+            "Node a has 4 CPU cores free, and profile cpu needs 8.",
+            "Node b has 12 GiB of memory free, and profile cpu needs 16 GiB.",
+            "Node c can take a replica of m with profile cpu on its CPU.",
+        ]
+    )
 
 
 def test_headroom_counts_what_fits_and_where() -> None:

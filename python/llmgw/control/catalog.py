@@ -251,7 +251,9 @@ def load_models(section: object, where: str = "server.yaml") -> Catalog:
         return Catalog(parsed.models)
     except CatalogError as e:
         text = str(e)
-        raise CatalogError(f"The models in {where} are invalid: {text[:1].lower()}{text[1:]}") from e
+        raise CatalogError(
+            f"The models in {where} are invalid: {text[:1].lower()}{text[1:]}"
+        ) from e
 
 
 def load_from_server(raw: Mapping[str, Any], where: str = "server.yaml") -> Catalog:

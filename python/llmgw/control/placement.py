@@ -136,9 +136,7 @@ class Capacity:
                     if p != g.index:
                         links.setdefault(g.index, set()).add(p)
                         links.setdefault(p, set()).add(g.index)
-            self.nodes[n.id] = NodeCap(
-                n, caps, links={k: frozenset(v) for k, v in links.items()}
-            )
+            self.nodes[n.id] = NodeCap(n, caps, links={k: frozenset(v) for k, v in links.items()})
             for c in caps:
                 self._by_uuid[c.gpu.uuid] = c
         for r in replicas:
@@ -265,8 +263,13 @@ class BinPacking:
             rank, profile, fit = got
             # Spreading outranks the profile order: a second replica on a node that
             # already has one is a worse outcome than a less preferred profile.
-            key = (nc.models[model.name], rank, 0 if _linked_enough(profile, fit) else 1,
-                   fit.leftover, nc.node.id)
+            key = (
+                nc.models[model.name],
+                rank,
+                0 if _linked_enough(profile, fit) else 1,
+                fit.leftover,
+                nc.node.id,
+            )
             if best is None or key < best[0]:
                 best = (key, nc, profile, fit)
         if best is None:
@@ -284,7 +287,11 @@ class BinPacking:
         """See PlacementPolicy.explain."""
         found = {nid: self.first_fit(nc, model) for nid, nc in capacity.nodes.items()}
         fewest = min(
-            (capacity.nodes[n].models[model.name] for n, g in found.items() if isinstance(g, tuple)),
+            (
+                capacity.nodes[n].models[model.name]
+                for n, g in found.items()
+                if isinstance(g, tuple)
+            ),
             default=0,
         )
         out: list[NodeVerdict] = []
@@ -328,15 +335,21 @@ class BinPacking:
             return r
         p = profile.name
         if node.engines and profile.engine not in node.engines:
-            return Reason(code="placement.engine_unavailable", profile=p, message=(
-                f"Node {node.id} cannot run engine {profile.engine} for profile {p} "
-                f"(it runs {', '.join(sorted(node.engines))})."
-            ))
+            return Reason(
+                code="placement.engine_unavailable",
+                profile=p,
+                message=(
+                    f"Node {node.id} cannot run engine {profile.engine} for profile {p} "
+                    f"(it runs {', '.join(sorted(node.engines))})."
+                ),
+            )
         for k, v in sorted(profile.node_labels.items()):
             if node.labels.get(k) != v:
-                return Reason(code="placement.label_missing", profile=p, message=(
-                    f"Node {node.id} lacks the label {k}={v} that profile {p} asks for."
-                ))
+                return Reason(
+                    code="placement.label_missing",
+                    profile=p,
+                    message=(f"Node {node.id} lacks the label {k}={v} that profile {p} asks for."),
+                )
         chosen: tuple[GpuCap, ...] = ()
         nvlinked = False
         if profile.uses_gpus:
@@ -345,15 +358,23 @@ class BinPacking:
                 return got
             chosen, nvlinked = got
         if profile.cpu and nc.cpu_free + 1e-9 < profile.cpu:
-            return Reason(code="placement.cpu", profile=p, message=(
-                f"Node {node.id} has {nc.cpu_free:g} CPU cores free, and profile {p} "
-                f"needs {profile.cpu:g}."
-            ))
+            return Reason(
+                code="placement.cpu",
+                profile=p,
+                message=(
+                    f"Node {node.id} has {nc.cpu_free:g} CPU cores free, and profile {p} "
+                    f"needs {profile.cpu:g}."
+                ),
+            )
         if profile.memory and nc.memory_free < profile.memory:
-            return Reason(code="placement.memory", profile=p, message=(
-                f"Node {node.id} has {fmt_bytes(max(nc.memory_free, 0))} of memory free, "
-                f"and profile {p} needs {fmt_bytes(profile.memory)}."
-            ))
+            return Reason(
+                code="placement.memory",
+                profile=p,
+                message=(
+                    f"Node {node.id} has {fmt_bytes(max(nc.memory_free, 0))} of memory free, "
+                    f"and profile {p} needs {fmt_bytes(profile.memory)}."
+                ),
+            )
         if profile.uses_gpus:
             same = [c for c in nc.gpus if c.gpu.gpu_class == profile.gpu_class]
             leftover = sum(c.available for c in same) - profile.gpu_memory * len(chosen)
@@ -364,39 +385,58 @@ class BinPacking:
     def _gpus(self, nc: NodeCap, profile: Profile) -> tuple[tuple[GpuCap, ...], bool] | Reason:
         node, p, k, cls = nc.node, profile.name, profile.gpu_count, profile.gpu_class
         if not node.gpus:
-            return Reason(code="placement.no_gpu", profile=p, message=(
-                f"Node {node.id} has no GPU, and profile {p} needs {profile.describe()}."
-            ))
+            return Reason(
+                code="placement.no_gpu",
+                profile=p,
+                message=(f"Node {node.id} has no GPU, and profile {p} needs {profile.describe()}."),
+            )
         same = [c for c in nc.gpus if c.gpu.gpu_class == cls]
         if not same:
-            return Reason(code="placement.wrong_gpu_class", profile=p, message=(
-                f"Node {node.id} has no {cls} GPU for profile {p} "
-                f"(it has {_gpu_summary(node)})."
-            ))
+            return Reason(
+                code="placement.wrong_gpu_class",
+                profile=p,
+                message=(
+                    f"Node {node.id} has no {cls} GPU for profile {p} "
+                    f"(it has {_gpu_summary(node)})."
+                ),
+            )
         if len(same) < k:
-            return Reason(code="placement.too_few_gpus", profile=p, message=(
-                f"Node {node.id} has {_plural(len(same), f'{cls} GPU')}, and profile {p} "
-                f"needs {k}."
-            ))
+            return Reason(
+                code="placement.too_few_gpus",
+                profile=p,
+                message=(
+                    f"Node {node.id} has {_plural(len(same), f'{cls} GPU')}, and profile {p} "
+                    f"needs {k}."
+                ),
+            )
         if profile.engine != "sim" and any(c.gpu.simulated for c in same):
-            return Reason(code="placement.simulated_gpus", profile=p, message=(
-                f"Node {node.id} has simulated GPUs, which run only the sim engine, and "
-                f"profile {p} uses {profile.engine}."
-            ))
+            return Reason(
+                code="placement.simulated_gpus",
+                profile=p,
+                message=(
+                    f"Node {node.id} has simulated GPUs, which run only the sim engine, and "
+                    f"profile {p} uses {profile.engine}."
+                ),
+            )
         need = profile.gpu_memory
         eligible = [c for c in same if c.available >= need]
         if len(eligible) < k:
             best = sorted((c.available for c in same), reverse=True)[:k]
             have = _join([fmt_bytes(b) for b in best])
             if k == 1:
-                text = f"it needs {fmt_bytes(need)} free on 1 {cls} GPU, and its best has {have} free."
+                text = (
+                    f"it needs {fmt_bytes(need)} free on 1 {cls} GPU, and its best has {have} free."
+                )
             else:
                 text = (
                     f"it needs {fmt_bytes(need)} free on each of {k} {cls} GPUs, and its best "
                     f"{k} have {have} free."
                 )
-            return Reason(code="placement.gpu_memory", profile=p,
-                          message=f"Node {node.id} lacks GPU memory for profile {p}: {text}")
+            return Reason(
+                code="placement.gpu_memory",
+                profile=p,
+                message=f"Node {node.id} lacks GPU memory for profile {p}: {text}",
+            )
         # Best fit: the GPUs with the least room that still fit, so large holes stay
         # whole for large replicas.
         eligible.sort(key=lambda c: (c.available, c.gpu.index))
@@ -407,10 +447,15 @@ class BinPacking:
             if linked is not None:
                 return linked, True
         if profile.nvlink == "require":
-            return Reason(code="placement.no_nvlink_set", profile=p, message=(
-                f"Node {node.id} has no set of {k} {cls} GPUs that are pairwise NVLink-connected "
-                f"with {fmt_bytes(need)} free on each, and profile {p} requires NVLink."
-            ))
+            return Reason(
+                code="placement.no_nvlink_set",
+                profile=p,
+                message=(
+                    f"Node {node.id} has no set of {k} {cls} GPUs that are pairwise "
+                    f"NVLink-connected "
+                    f"with {fmt_bytes(need)} free on each, and profile {p} requires NVLink."
+                ),
+            )
         return tuple(sorted(eligible[:k], key=lambda c: c.gpu.index)), False
 
 
@@ -456,13 +501,18 @@ def _join(items: Sequence[str]) -> str:
 
 def _fits_message(nid: str, model: Model, profile: Profile, fit: Fit) -> str:
     if not fit.gpus:
-        return f"Node {nid} can take a replica of {model.name} with profile {profile.name} on its CPU."
+        return (
+            f"Node {nid} can take a replica of {model.name} with profile {profile.name} on its CPU."
+        )
     idx = ", ".join(str(c.gpu.index) for c in fit.gpus)
     where = f"GPU {idx}" if len(fit.gpus) == 1 else f"GPUs {idx}"
     note = ""
     if len(fit.gpus) > 1:
         note = " (pairwise NVLink-connected)" if fit.nvlinked else " (not NVLink-connected)"
-    return f"Node {nid} can take a replica of {model.name} with profile {profile.name} on {where}{note}."
+    return (
+        f"Node {nid} can take a replica of {model.name} with profile {profile.name} "
+        f"on {where}{note}."
+    )
 
 
 def explain(
