@@ -353,8 +353,9 @@ def _new_id(model: str, taken: set[str], counters: dict[str, int]) -> str:
 def apply(actions: Iterable[Action], observed: Observed) -> Observed:
     """The observed state once `actions` have taken effect, as the store records them.
 
-    Starts become pending replicas, drains draining and stops stopped replicas,
-    marks change states; Publish, Unpublish and Unplaced change nothing here.
+    Starts become pending replicas, Stops draining ones (stopped is for the agent
+    to report), marks change states; Publish, Unpublish and Unplaced change
+    nothing here.
     """
     nodes = {n.id: n for n in observed.nodes}
     reps = {r.id: r for r in observed.replicas}
@@ -368,6 +369,11 @@ def apply(actions: Iterable[Action], observed: Observed) -> Observed:
         elif isinstance(a, Start):
             reps[a.replica.id] = a.replica
         elif isinstance(a, Stop):
-            state: ReplicaState = "draining" if a.drain else "stopped"
-            reps[a.replica] = msgspec.structs.replace(reps[a.replica], state=state, reason=a.reason)
+            # Draining even without `drain`: the replica holds its GPUs until its agent
+            # reports it stopped. Marking it stopped at once freed them for the next
+            # pass while the engine could still be exiting (the property test found a
+            # plan that started a replica on memory its own Stop had only just asked for).
+            reps[a.replica] = msgspec.structs.replace(
+                reps[a.replica], state="draining", reason=a.reason
+            )
     return Observed(nodes=tuple(nodes.values()), replicas=tuple(reps.values()))
