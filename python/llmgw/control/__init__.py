@@ -1,1 +1,1 @@
-"""The control plane process: its data dir, settings and the `ControlPlane` state the admin API serves; imports no gateway code."""
+"""The control plane: its process and state, the catalog, inventory, placement and the reconciler; imports no gateway code."""
