@@ -17,6 +17,10 @@ from tests.admin.server import Server
 
 # Bounded so the whole run stays well under a minute with every area's routes.
 MAX_EXAMPLES = 15
+# One worker: with two, hypothesis parses source files (to describe filter
+# lambdas) from two threads at once, and CPython 3.11 before 3.11.8 then raises
+# "SystemError: AST constructor recursion depth mismatch" (gh-106905) inside
+# schemathesis: an error of the tool, not of the API under test.
 LONG_POLL = "^/internal/v1/snapshot$"
 
 
@@ -31,7 +35,7 @@ def _run(server: Server, token: str, tmp_path: Path, *select: str) -> None:
             "--header", f"Authorization: Bearer {token}",
             "--checks", "not_a_server_error,response_schema_conformance,content_type_conformance",
             "--max-examples", str(MAX_EXAMPLES), "--seed", "5", "--no-shrink",
-            "--generation-allow-x00", "true", "--workers", "2", "--warnings", "off",
+            "--generation-allow-x00", "true", "--workers", "1", "--warnings", "off",
             "--report-dir", str(tmp_path), *select]
     out = subprocess.run(args, capture_output=True, text=True, timeout=90, check=False,
                          env={"SCHEMATHESIS_HOOKS": "", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),

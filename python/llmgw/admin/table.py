@@ -6,9 +6,12 @@ this table is exactly what the running server mounts.
 
 from __future__ import annotations
 
-from . import meta
+from . import audit, keys, meta, tenancy
 from .route import Route
 
 ROUTES: list[Route] = [
     *meta.ROUTES,
+    *tenancy.ROUTES,
+    *keys.ROUTES,
+    *audit.ROUTES,
 ]

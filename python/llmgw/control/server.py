@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import importlib
 import logging
 import os
@@ -24,6 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmgw.secrets import HASH_LABEL, derive
 from llmgw.store import Database, connect, migrate
 
 from . import datadir
@@ -39,15 +39,7 @@ log = logging.getLogger("llmgw.control")
 # e.g. "llmgw.control.snapshots:attach". Attached in this order, stopped in reverse.
 ATTACH: tuple[str, ...] = ()
 
-HASH_KEY_LABEL = "llmgw api-key hash v1"
 GATEWAY_TOKEN_LABEL = "llmgw gateway token v1"
-
-
-def derive(secret: bytes, label: str) -> bytes:
-    """A 32-byte key for one purpose, from the cluster secret."""
-    # TODO(integration): llmgw.secrets.derive (helper A) is the one definition;
-    # this copy of the same formula exists only until that module is on this branch.
-    return hmac.new(secret, label.encode(), "sha256").digest()
 
 
 def token_digest(token: str) -> bytes:
@@ -90,7 +82,7 @@ class ControlPlane:
     async def start(self) -> None:
         """Reads the secrets, opens and migrates the store, attaches every part in ATTACH."""
         self.secret = datadir.read_secret(self.data_dir)
-        self.hash_key = derive(self.secret, HASH_KEY_LABEL)
+        self.hash_key = derive(self.secret, HASH_LABEL)
         self.gateway_token = derive(self.secret, GATEWAY_TOKEN_LABEL).hex()
         self.gateway_token_digest = token_digest(self.gateway_token)
         self.admin_token_digest = token_digest(datadir.read_admin_token(self.data_dir))

@@ -10,18 +10,16 @@ the data dir itself).
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from llmgw.config import ConfigError, read_server_yaml
+from llmgw.durations import parse_duration
 
 CONFIG_ENV = "LLMGW_CONTROL_CONFIG"
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -53,18 +51,16 @@ def default_data_dir() -> Path:
 
 def seconds(value: Any, where: str) -> float:
     """A duration from YAML: a number of seconds or text like `90m`, `24h`, `7d`."""
-    # TODO(integration): llmgw.durations.parse_duration (helper A) is the one parser
-    # of durations; this one exists only until that module is on this branch.
     if isinstance(value, bool):
         raise ConfigError(f"{where} must be a duration like 90d or a number of seconds, not {value!r}")
     if isinstance(value, (int, float)):
         if value <= 0:
             raise ConfigError(f"{where} must be positive, not {value!r}")
         return float(value)
-    m = _DURATION.match(str(value).strip())
-    if m is None or float(m.group(1)) <= 0:
-        raise ConfigError(f"{where} is {value!r}, not a duration: write it like 90m, 24h or 30d")
-    return float(m.group(1)) * _UNIT[m.group(2)]
+    try:
+        return parse_duration(str(value))
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from e
 
 
 def load_settings(path: str | None) -> Settings:
