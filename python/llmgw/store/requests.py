@@ -68,28 +68,47 @@ async def request_view(db: Database, request_id: str) -> RequestView | None:
         "SELECT id, state, gateway_id, org_id, team_id, project_id, user_id, key_id, model, "
         "upstream_model, replica, route, retries, stream, started_at, ttft_ms, duration_ms, status, "
         "http_status, prompt_tokens, completion_tokens, usage_estimated, finish_reason, body_kept "
-        "FROM requests WHERE id = $1", request_id)
+        "FROM requests WHERE id = $1",
+        request_id,
+    )
     if r is None:
         return None
     return RequestView(
-        id=r["id"], state=r["state"], gateway_id=r["gateway_id"], org_id=r["org_id"],
-        team_id=r["team_id"], project_id=r["project_id"], user_id=r["user_id"], key_id=r["key_id"],
-        model=r["model"], upstream_model=r["upstream_model"], replica=r["replica"],
+        id=r["id"],
+        state=r["state"],
+        gateway_id=r["gateway_id"],
+        org_id=r["org_id"],
+        team_id=r["team_id"],
+        project_id=r["project_id"],
+        user_id=r["user_id"],
+        key_id=r["key_id"],
+        model=r["model"],
+        upstream_model=r["upstream_model"],
+        replica=r["replica"],
         route=None if r["route"] is None else msgspec.Raw(r["route"].encode()),
-        retries=int(r["retries"]), stream=bool(r["stream"]), started_at=r["started_at"],
-        ttft_ms=r["ttft_ms"], duration_ms=r["duration_ms"], status=r["status"],
+        retries=int(r["retries"]),
+        stream=bool(r["stream"]),
+        started_at=r["started_at"],
+        ttft_ms=r["ttft_ms"],
+        duration_ms=r["duration_ms"],
+        status=r["status"],
         http_status=None if r["http_status"] is None else int(r["http_status"]),
-        prompt_tokens=int(r["prompt_tokens"]), completion_tokens=int(r["completion_tokens"]),
+        prompt_tokens=int(r["prompt_tokens"]),
+        completion_tokens=int(r["completion_tokens"]),
         total_tokens=int(r["prompt_tokens"]) + int(r["completion_tokens"]),
-        usage_estimated=bool(r["usage_estimated"]), finish_reason=r["finish_reason"],
-        body_kept=bool(r["body_kept"]))
+        usage_estimated=bool(r["usage_estimated"]),
+        finish_reason=r["finish_reason"],
+        body_kept=bool(r["body_kept"]),
+    )
 
 
 async def request_body(db: Database, request_id: str) -> RequestBody | NotKept | None:
     """The kept bodies; NotKept with the reason when there are none; None for no such request."""
     r = await db.fetchrow(
         "SELECT r.state, r.body_kept, b.request, b.response FROM requests r "
-        "LEFT JOIN request_bodies b ON b.request_id = r.id WHERE r.id = $1", request_id)
+        "LEFT JOIN request_bodies b ON b.request_id = r.id WHERE r.id = $1",
+        request_id,
+    )
     if r is None:
         return None
     if r["request"] is not None:
@@ -97,10 +116,14 @@ async def request_body(db: Database, request_id: str) -> RequestBody | NotKept |
     if r["state"] == "open":
         why = "it has not finished yet (bodies arrive with the final record)"
     elif r["state"] == "interrupted":
-        why = "its gateway stopped before the request finished, so no body reached the control plane"
+        why = (
+            "its gateway stopped before the request finished, so no body reached the control plane"
+        )
     else:
         # The gateway sends bodies only when the key's project keeps them and the request
         # did not say no_store; the record does not say which of the two held.
-        why = ("its project did not keep bodies when it ran, or the request asked not to be "
-               "stored (no_store); set keep_bodies on the project to keep the next ones")
+        why = (
+            "its project did not keep bodies when it ran, or the request asked not to be "
+            "stored (no_store); set keep_bodies on the project to keep the next ones"
+        )
     return NotKept(reason=f"request {request_id} has no body kept: {why}")

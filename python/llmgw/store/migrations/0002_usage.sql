@@ -66,6 +66,23 @@ CREATE TABLE usage_hourly (
     PRIMARY KEY (hour, org_id, team_id, project_id, user_id, key_id, model)
 );
 
+-- The same per UTC day (day: the unix second it starts at), kept in the same transaction as
+-- usage_hourly, so that a month's export reads 30 rows per group instead of 720.
+CREATE TABLE usage_daily (
+    day BIGINT NOT NULL,
+    org_id TEXT NOT NULL DEFAULT '',
+    team_id TEXT NOT NULL DEFAULT '',
+    project_id TEXT NOT NULL DEFAULT '',
+    user_id TEXT NOT NULL DEFAULT '',
+    key_id TEXT NOT NULL DEFAULT '',
+    model TEXT NOT NULL DEFAULT '',
+    requests BIGINT NOT NULL DEFAULT 0,
+    errors BIGINT NOT NULL DEFAULT 0,
+    prompt_tokens BIGINT NOT NULL DEFAULT 0,
+    completion_tokens BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (day, org_id, team_id, project_id, user_id, key_id, model)
+);
+
 -- Every gateway worker that sent a batch, and when it was last heard from.
 CREATE TABLE gateways (
     gateway_id TEXT PRIMARY KEY,
