@@ -105,7 +105,7 @@ async def rows_total(db: Database) -> tuple[int, int, int, int]:
     r = await db.fetchrow(
         "SELECT COUNT(*), CAST(SUM(CASE WHEN status <> 'ok' THEN 1 ELSE 0 END) AS BIGINT), "
         "CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT) "
-        "FROM requests WHERE state <> 'open'"
+        "FROM requests"
     )
     assert r is not None
     return (int(r[0] or 0), int(r[1] or 0), int(r[2] or 0), int(r[3] or 0))

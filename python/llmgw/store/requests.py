@@ -16,8 +16,8 @@ class RequestView(msgspec.Struct, kw_only=True):
 
     id: str
     state: State
-    """open (still running, or its gateway has not been settled yet), final, or interrupted
-    (its gateway died; tokens are the prompt estimate)."""
+    """open (still running, or its gateway has not been settled yet; tokens are the prompt
+    estimate), final, or interrupted (its gateway died; tokens are the prompt estimate)."""
     gateway_id: str
     org_id: str | None
     team_id: str | None
@@ -72,7 +72,7 @@ async def request_view(db: Database, request_id: str) -> RequestView | None:
         request_id,
     )
     if r is None:
-        return None
+        return await _open_view(db, request_id)
     return RequestView(
         id=r["id"],
         state=r["state"],
@@ -102,23 +102,37 @@ async def request_view(db: Database, request_id: str) -> RequestView | None:
     )
 
 
+async def _open_view(db: Database, request_id: str) -> RequestView | None:
+    o = await db.fetchrow(
+        "SELECT id, gateway_id, org_id, team_id, project_id, user_id, key_id, model, started_at, "
+        "prompt_estimate FROM requests_open WHERE id = $1", request_id)
+    if o is None:
+        return None
+    return RequestView(
+        id=o["id"], state="open", gateway_id=o["gateway_id"], org_id=o["org_id"],
+        team_id=o["team_id"], project_id=o["project_id"], user_id=o["user_id"], key_id=o["key_id"],
+        model=o["model"], upstream_model=None, replica=None, route=None, retries=0, stream=False,
+        started_at=o["started_at"], ttft_ms=None, duration_ms=None, status=None, http_status=None,
+        prompt_tokens=int(o["prompt_estimate"]), completion_tokens=0,
+        total_tokens=int(o["prompt_estimate"]), usage_estimated=True, finish_reason=None,
+        body_kept=False)
+
+
 async def request_body(db: Database, request_id: str) -> RequestBody | NotKept | None:
     """The kept bodies; NotKept with the reason when there are none; None for no such request."""
     r = await db.fetchrow(
-        "SELECT r.state, r.body_kept, b.request, b.response FROM requests r "
+        "SELECT r.state, b.request, b.response FROM requests r "
         "LEFT JOIN request_bodies b ON b.request_id = r.id WHERE r.id = $1",
         request_id,
     )
     if r is None:
-        return None
-    if r["request"] is not None:
-        return RequestBody(request=msgspec.Raw(r["request"].encode()), response=r["response"] or "")
-    if r["state"] == "open":
+        if await db.fetchval("SELECT 1 FROM requests_open WHERE id = $1", request_id) is None:
+            return None
         why = "it has not finished yet (bodies arrive with the final record)"
+    elif r["request"] is not None:
+        return RequestBody(request=msgspec.Raw(r["request"].encode()), response=r["response"] or "")
     elif r["state"] == "interrupted":
-        why = (
-            "its gateway stopped before the request finished, so no body reached the control plane"
-        )
+        why = "its gateway stopped before the request finished, so no body reached the control plane"
     else:
         # The gateway sends bodies only when the key's project keeps them and the request
         # did not say no_store; the record does not say which of the two held.

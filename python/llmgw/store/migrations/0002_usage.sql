@@ -2,10 +2,10 @@
 -- Ids of orgs, teams, projects, users and keys are plain TEXT on purpose, with no
 -- foreign key: usage must outlive a deleted key or project (billing looks back).
 
--- state: open (forwarded, not finished), final (the gateway's record arrived),
--- interrupted (its gateway went silent; tokens are the open's prompt estimate).
--- What a row adds to usage_hourly is a function of the row alone (see store/usage.py),
--- so every change of state moves the rollup by the difference, exactly once.
+-- A finished request: state final (the gateway's record arrived) or interrupted (its
+-- gateway went silent first; tokens are the open's prompt estimate, until a late final
+-- corrects it). What a row adds to usage_hourly is a function of the row alone (see
+-- store/usage.py), so every change of state moves the rollup by the difference, once.
 CREATE TABLE requests (
     id TEXT PRIMARY KEY,
     state TEXT NOT NULL,
@@ -35,10 +35,27 @@ CREATE TABLE requests (
     updated_at DOUBLE PRECISION NOT NULL
 );
 
--- Settling looks up the open rows of one gateway; open rows are few, so a partial index.
-CREATE INDEX requests_open_by_gateway ON requests (gateway_id) WHERE state = 'open';
 -- Retention deletes by age.
 CREATE INDEX requests_started_at ON requests (started_at);
+
+-- A request forwarded and not finished: its row moves to `requests` when its final arrives
+-- or its gateway is settled. Kept apart so that the big table gets one insert per request
+-- (not an insert then an update, each writing every index), and settling reads a small one.
+CREATE TABLE requests_open (
+    id TEXT PRIMARY KEY,
+    gateway_id TEXT NOT NULL,
+    org_id TEXT,
+    team_id TEXT,
+    project_id TEXT,
+    user_id TEXT,
+    key_id TEXT,
+    model TEXT NOT NULL,
+    started_at DOUBLE PRECISION NOT NULL,
+    prompt_estimate BIGINT NOT NULL DEFAULT 0,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+
+CREATE INDEX requests_open_gateway ON requests_open (gateway_id);
 
 -- Bodies are kept only where the project asks for it and the request did not say no_store.
 -- request: the JSON the client sent; response: the answer as text (SSE frames for a stream).
