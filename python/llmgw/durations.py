@@ -1,0 +1,37 @@
+"""Durations as people write them (`90m`, `24h`, `7d`, `1h30m`): one parser for queries and bodies."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+DURATION_PATTERN = r"^(?:[0-9]{1,9}[smhdw]){1,5}$"
+"""What `parse_duration` accepts: one to five `<number><unit>` parts, units s m h d w."""
+_FULL = re.compile(DURATION_PATTERN)
+_PART = re.compile(r"([0-9]+)([smhdw])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `text` (`90m`, `24h`, `7d`, `2w`, `1h30m`).
+
+    Raises ValueError with a sentence saying what is accepted when the text is
+    not a duration or is zero.
+    """
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    if not _FULL.match(text):
+        raise ValueError(
+            f"{shown!r} is not a duration; write a number and a unit, like 90m, 24h, 7d or 2w "
+            "(units: s, m, h, d, w)")
+    seconds = sum(int(n) * _UNITS[u] for n, u in _PART.findall(text))
+    if seconds <= 0:
+        raise ValueError(f"{shown!r} is zero; give a duration longer than that, like 1h")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest `parse_duration` text for a whole number of seconds (`7d`, `90m`)."""
+    s = int(seconds)
+    for unit in ("d", "h", "m"):  # 7d reads better than 1w
+        if s and s % _UNITS[unit] == 0:
+            return f"{s // int(_UNITS[unit])}{unit}"
+    return f"{s}s"
