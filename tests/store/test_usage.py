@@ -131,3 +131,22 @@ def test_usage_by_scope(store_url: str) -> None:
         assert [(u.scope_id, u.requests) for u in later] == [("team_a", 1)]
 
     with_db(store_url, body)
+
+
+def test_compaction_drops_finished_opens_of_live_gateways(store_url: str) -> None:
+    async def body(db: Database) -> None:
+        from llmgw.store.usage import compact_opens
+
+        await ingest(db, batch(opens=[opened("a"), opened("b")]), T0)
+        await ingest(db, batch(opens=[opened("c")], finals=[final("a")]), T0 + 1)
+        assert await compact_opens(db, T0 + 0.5) == 1  # the first row, now holding b only
+        assert await db.fetchval("SELECT COUNT(*) FROM open_batches") == 2
+        b = await request_view(db, "b")
+        assert b is not None and (b.state, b.prompt_tokens) == ("open", 10)
+        await ingest(db, batch(finals=[final("b"), final("c")]), T0 + 2)
+        assert await compact_opens(db, T0 + 5) == 0
+        assert await db.fetchval("SELECT COUNT(*) FROM open_batches") == 0
+        assert await settle_gateway(db, "gw1", T0 + 6) == 0
+        assert await totals(db) == (3, 0, 36, 15)
+
+    with_db(store_url, body)

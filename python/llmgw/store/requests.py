@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 from .db import Database
+from .usage_rows import find_open
 
 State = Literal["open", "final", "interrupted"]
 
@@ -103,19 +104,37 @@ async def request_view(db: Database, request_id: str) -> RequestView | None:
 
 
 async def _open_view(db: Database, request_id: str) -> RequestView | None:
-    o = await db.fetchrow(
-        "SELECT id, gateway_id, org_id, team_id, project_id, user_id, key_id, model, started_at, "
-        "prompt_estimate FROM requests_open WHERE id = $1", request_id)
-    if o is None:
+    found = await find_open(db, request_id)
+    if found is None:
         return None
+    gateway_id, o = found
     return RequestView(
-        id=o["id"], state="open", gateway_id=o["gateway_id"], org_id=o["org_id"],
-        team_id=o["team_id"], project_id=o["project_id"], user_id=o["user_id"], key_id=o["key_id"],
-        model=o["model"], upstream_model=None, replica=None, route=None, retries=0, stream=False,
-        started_at=o["started_at"], ttft_ms=None, duration_ms=None, status=None, http_status=None,
-        prompt_tokens=int(o["prompt_estimate"]), completion_tokens=0,
-        total_tokens=int(o["prompt_estimate"]), usage_estimated=True, finish_reason=None,
-        body_kept=False)
+        id=o.request_id,
+        state="open",
+        gateway_id=gateway_id,
+        org_id=o.org_id,
+        team_id=o.team_id,
+        project_id=o.project_id,
+        user_id=o.user_id,
+        key_id=o.key_id,
+        model=o.model,
+        upstream_model=None,
+        replica=None,
+        route=None,
+        retries=0,
+        stream=False,
+        started_at=o.started_at,
+        ttft_ms=None,
+        duration_ms=None,
+        status=None,
+        http_status=None,
+        prompt_tokens=o.prompt_estimate,
+        completion_tokens=0,
+        total_tokens=o.prompt_estimate,
+        usage_estimated=True,
+        finish_reason=None,
+        body_kept=False,
+    )
 
 
 async def request_body(db: Database, request_id: str) -> RequestBody | NotKept | None:
@@ -126,13 +145,15 @@ async def request_body(db: Database, request_id: str) -> RequestBody | NotKept |
         request_id,
     )
     if r is None:
-        if await db.fetchval("SELECT 1 FROM requests_open WHERE id = $1", request_id) is None:
+        if await find_open(db, request_id) is None:
             return None
         why = "it has not finished yet (bodies arrive with the final record)"
     elif r["request"] is not None:
         return RequestBody(request=msgspec.Raw(r["request"].encode()), response=r["response"] or "")
     elif r["state"] == "interrupted":
-        why = "its gateway stopped before the request finished, so no body reached the control plane"
+        why = (
+            "its gateway stopped before the request finished, so no body reached the control plane"
+        )
     else:
         # The gateway sends bodies only when the key's project keeps them and the request
         # did not say no_store; the record does not say which of the two held.

@@ -1,7 +1,7 @@
 """Exact usage: one row per request, the hourly rollup, and settling what dead gateways left open.
 
-The counting rule. A request is `open` (a row in `requests_open`), then `final` or
-`interrupted` (a row in `requests`), and what it adds to the rollups is a function
+The counting rule. A request is `open` (announced in a row of `open_batches`), then
+`final` or `interrupted` (a row in `requests`), and what it adds to the rollups is a function
 of its row alone:
 
 - open: nothing (the request has not finished; its tokens are unknown);
@@ -55,8 +55,10 @@ from .usage_rows import (
     Delta,
     add_to_rollups,
     bulk_insert,
+    encode_opens,
     finished,
     id_list,
+    read_opens,
     write_bodies,
     write_finals,
     write_opens,
@@ -69,6 +71,7 @@ __all__ = [
     "Period",
     "ScopeKind",
     "ScopeUsage",
+    "compact_opens",
     "export",
     "hour_of",
     "ingest",
@@ -178,8 +181,6 @@ async def ingest(db: Database, batch: wire.UsageBatch, now: float) -> IngestResu
         )
         if finals:
             ids = sorted(finals)  # one lock order for every transaction: no deadlock
-            cond, arg = id_list(tx, ids)
-            await tx.execute(f"DELETE FROM requests_open WHERE id {cond}", arg)
             prior = await finished(tx, ids)
             todo = [finals[i] for i in ids if i not in prior or prior[i]["state"] != "final"]
             written = await write_finals(tx, batch.gateway_id, todo, now) if todo else set()
@@ -222,35 +223,35 @@ _SETTLED_COLS = (
 
 
 async def _settle(db: Database, where: str, arg: Any, now: float) -> int:
-    """Moves matching open rows into `requests` as interrupted and counts them."""
+    """Turns the opens of matching open_batches rows into interrupted rows and counts them,
+    except for requests that finished meanwhile (their final, or a late open's)."""
     async with db.transaction() as tx:
         if tx.dialect == "postgres":
             # Exclusive: no ingest runs meanwhile, so what `finished` reads stays true.
             await tx.execute("SELECT pg_advisory_xact_lock($1)", _SETTLE_LOCK)
-        gone = await tx.fetch(
-            "DELETE FROM requests_open WHERE " + where + " RETURNING id, gateway_id, org_id, "
-            "team_id, project_id, user_id, key_id, model, started_at, prompt_estimate",
-            arg,
+        rows = await tx.fetch(
+            f"DELETE FROM open_batches WHERE {where} RETURNING gateway_id, opens", arg
         )
-        if not gone:
+        opens: dict[str, tuple[str, wire.UsageOpen]] = {}
+        for row in rows:
+            for o in read_opens(row["opens"]):
+                opens.setdefault(o.request_id, (row["gateway_id"], o))
+        if not opens:
             return 0
-        # A finished row exists only where a race between control planes left an open
-        # behind (an open stored just as another transaction wrote its final); that
-        # request is counted already and stays as it is.
-        done = await finished(tx, [r["id"] for r in gone])
-        fresh = sorted((r for r in gone if r["id"] not in done), key=lambda r: str(r["id"]))
+        done = await finished(tx, sorted(opens))
+        fresh = [opens[i] for i in sorted(opens) if i not in done]
         delta: Delta = {}
-        for r in fresh:
+        for _, o in fresh:
             key = (
-                hour_of(r["started_at"]),
-                r["org_id"] or "",
-                r["team_id"] or "",
-                r["project_id"] or "",
-                r["user_id"] or "",
-                r["key_id"] or "",
-                r["model"],
+                hour_of(o.started_at),
+                o.org_id or "",
+                o.team_id or "",
+                o.project_id or "",
+                o.user_id or "",
+                o.key_id or "",
+                o.model,
             )
-            _add(delta, key, 1, True, int(r["prompt_estimate"]), 0)
+            _add(delta, key, 1, True, o.prompt_estimate, 0)
         if fresh:
             await bulk_insert(
                 tx,
@@ -258,28 +259,63 @@ async def _settle(db: Database, where: str, arg: Any, now: float) -> int:
                 _SETTLED_COLS,
                 [
                     (
-                        r["id"],
+                        o.request_id,
                         "interrupted",
-                        r["gateway_id"],
-                        r["org_id"],
-                        r["team_id"],
-                        r["project_id"],
-                        r["user_id"],
-                        r["key_id"],
-                        r["model"],
-                        r["started_at"],
+                        g,
+                        o.org_id,
+                        o.team_id,
+                        o.project_id,
+                        o.user_id,
+                        o.key_id,
+                        o.model,
+                        o.started_at,
                         "interrupted",
-                        int(r["prompt_estimate"]),
-                        int(r["prompt_estimate"]),
+                        o.prompt_estimate,
+                        o.prompt_estimate,
                         1,
                         now,
                     )
-                    for r in fresh
+                    for g, o in fresh
                 ],
                 "ON CONFLICT (id) DO NOTHING",
             )
             await add_to_rollups(tx, delta)
     return len(fresh)
+
+
+async def compact_opens(db: Database, older_than: float) -> int:
+    """Drops, from open_batches rows received before `older_than`, the requests that have
+    finished, and the rows left empty; returns how many opens remain in those rows.
+
+    Without it a live gateway's rows would pile up forever. It changes no count: a
+    finished request is counted by its row in `requests` whatever happens to its open.
+    Ingests never touch stored rows, so this runs beside them (shared lock); settles,
+    which delete rows, wait (and are waited for).
+    """
+    async with db.transaction() as tx:
+        if tx.dialect == "postgres":
+            await tx.execute("SELECT pg_advisory_xact_lock_shared($1)", _SETTLE_LOCK)
+        rows = await tx.fetch(
+            "SELECT id, opens FROM open_batches WHERE received_at < $1", older_than
+        )
+        if not rows:
+            return 0
+        batches = [(r["id"], read_opens(r["opens"])) for r in rows]
+        done = await finished(tx, sorted({o.request_id for _, os in batches for o in os}))
+        empty, left = [], 0
+        for bid, os in batches:
+            keep = [o for o in os if o.request_id not in done]
+            left += len(keep)
+            if not keep:
+                empty.append(bid)
+            elif len(keep) < len(os):
+                await tx.execute(
+                    "UPDATE open_batches SET opens = $2 WHERE id = $1", bid, encode_opens(keep)
+                )
+        if empty:
+            cond, arg = id_list(tx, empty)
+            await tx.execute(f"DELETE FROM open_batches WHERE id {cond}", arg)
+    return left
 
 
 async def settle_gateway(db: Database, gateway_id: str, now: float) -> int:
@@ -318,7 +354,7 @@ async def prune(db: Database, older_than: float) -> int:
         n = await tx.execute("DELETE FROM requests WHERE started_at < $1", older_than)
         await tx.execute(
             "DELETE FROM gateways WHERE last_seen < $1 AND NOT EXISTS (SELECT 1 FROM "
-            "requests_open o WHERE o.gateway_id = gateways.gateway_id)",
+            "open_batches o WHERE o.gateway_id = gateways.gateway_id)",
             older_than,
         )
     return n

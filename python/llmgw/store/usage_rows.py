@@ -10,6 +10,7 @@ unpacked by the server's `json_to_recordset`, in C on both sides.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -179,59 +180,46 @@ async def write_bodies(tx: Database, recs: list[wire.UsageRecord]) -> None:
         )
 
 
-_OPEN_COLS = (
-    "id",
-    "gateway_id",
-    "org_id",
-    "team_id",
-    "project_id",
-    "user_id",
-    "key_id",
-    "model",
-    "started_at",
-    "prompt_estimate",
-    "updated_at",
-)
-# A late open (its request finished already) must not come back as open.
-_NOT_FINISHED = "NOT EXISTS (SELECT 1 FROM requests r WHERE r.id = {id})"
-_OPEN_PG = (
-    f"INSERT INTO requests_open ({', '.join(_OPEN_COLS)}) "
-    "SELECT t.request_id, $2, t.org_id, t.team_id, t.project_id, t.user_id, t.key_id, t.model, "
-    "t.started_at, t.prompt_estimate, $3 FROM json_to_recordset($1::json) AS t(request_id text, "
-    "model text, started_at float8, prompt_estimate int8, key_id text, user_id text, "
-    "project_id text, team_id text, org_id text) "
-    f"WHERE {_NOT_FINISHED.format(id='t.request_id')} ON CONFLICT (id) DO NOTHING"
-)
-
-
 async def write_opens(
     tx: Database, gateway_id: str, opens: list[wire.UsageOpen], now: float
 ) -> None:
-    """Stores open rows, except for requests that exist (open already, or finished)."""
-    if tx.dialect == "postgres":
-        await tx.execute(_OPEN_PG, _json.encode(opens).decode(), gateway_id, now)
-        return
-    marks = ", ".join(f"${i}" for i in range(1, len(_OPEN_COLS) + 1))
-    await tx.executemany(
-        f"INSERT INTO requests_open ({', '.join(_OPEN_COLS)}) SELECT {marks} "
-        f"WHERE {_NOT_FINISHED.format(id='$1')} ON CONFLICT (id) DO NOTHING",
-        [
-            (
-                o.request_id,
-                gateway_id,
-                o.org_id,
-                o.team_id,
-                o.project_id,
-                o.user_id,
-                o.key_id,
-                o.model,
-                o.started_at,
-                o.prompt_estimate,
-                now,
-            )
-            for o in opens
-        ],
+    """Stores a batch's opens as one row. A late open (its request finished already) is
+    stored too and dropped when settled or compacted, where `finished` is checked."""
+    await tx.execute(
+        "INSERT INTO open_batches (id, gateway_id, received_at, opens) VALUES ($1, $2, $3, $4)",
+        secrets.token_hex(12),
+        gateway_id,
+        now,
+        encode_opens(opens),
     )
+
+
+def encode_opens(opens: list[wire.UsageOpen]) -> str:
+    """The JSON an open_batches row holds."""
+    return _json.encode(opens).decode()
+
+
+def read_opens(text: str) -> list[wire.UsageOpen]:
+    """The opens of one open_batches row."""
+    return _opens_decoder.decode(text)
+
+
+_opens_decoder = msgspec.json.Decoder(list[wire.UsageOpen])
+
+
+async def find_open(db: Database, request_id: str) -> tuple[str, wire.UsageOpen] | None:
+    """(gateway id, open) of a request still running, or None.
+
+    A text search over the batches' JSON: they hold the last minutes of opens only
+    (compaction drops finished ones), and this serves one admin lookup, not ingestion.
+    """
+    needle = '"request_id":' + _json.encode(request_id).decode()
+    find = "strpos(opens, $1) > 0" if db.dialect == "postgres" else "instr(opens, $1) > 0"
+    for row in await db.fetch(f"SELECT gateway_id, opens FROM open_batches WHERE {find}", needle):
+        for o in read_opens(row["opens"]):
+            if o.request_id == request_id:
+                return row["gateway_id"], o
+    return None
 
 
 def id_list(tx: Database, ids: list[str]) -> tuple[str, Any]:

@@ -4,8 +4,9 @@
 
 -- A finished request: state final (the gateway's record arrived) or interrupted (its
 -- gateway went silent first; tokens are the open's prompt estimate, until a late final
--- corrects it). What a row adds to usage_hourly is a function of the row alone (see
--- store/usage.py), so every change of state moves the rollup by the difference, once.
+-- corrects it); requests still running are in open_batches. What a row adds to the
+-- rollups is a function of the row alone (see store/usage.py), so every change of state
+-- moves them by the difference, once.
 CREATE TABLE requests (
     id TEXT PRIMARY KEY,
     state TEXT NOT NULL,
@@ -38,24 +39,20 @@ CREATE TABLE requests (
 -- Retention deletes by age.
 CREATE INDEX requests_started_at ON requests (started_at);
 
--- A request forwarded and not finished: its row moves to `requests` when its final arrives
--- or its gateway is settled. Kept apart so that the big table gets one insert per request
--- (not an insert then an update, each writing every index), and settling reads a small one.
-CREATE TABLE requests_open (
+-- Requests forwarded and not finished, one row per batch that announced them, not per
+-- request: most finish within seconds, and a row per request cost an insert, a delete and
+-- the vacuum of both (it halved PostgreSQL's ingestion rate and bloated as it ran).
+-- Settling reads a silent gateway's rows; compaction drops the requests that finished.
+-- opens: a JSON list of wire.UsageOpen.
+CREATE TABLE open_batches (
     id TEXT PRIMARY KEY,
     gateway_id TEXT NOT NULL,
-    org_id TEXT,
-    team_id TEXT,
-    project_id TEXT,
-    user_id TEXT,
-    key_id TEXT,
-    model TEXT NOT NULL,
-    started_at DOUBLE PRECISION NOT NULL,
-    prompt_estimate BIGINT NOT NULL DEFAULT 0,
-    updated_at DOUBLE PRECISION NOT NULL
+    received_at DOUBLE PRECISION NOT NULL,
+    opens TEXT NOT NULL
 );
 
-CREATE INDEX requests_open_gateway ON requests_open (gateway_id);
+CREATE INDEX open_batches_gateway ON open_batches (gateway_id);
+CREATE INDEX open_batches_received_at ON open_batches (received_at);
 
 -- Bodies are kept only where the project asks for it and the request did not say no_store.
 -- request: the JSON the client sent; response: the answer as text (SSE frames for a stream).
