@@ -14,13 +14,19 @@ Every change of state adds (new contribution - old contribution) to the rollups 
 the same transaction, so they always equal the sum over the rows. States only move
 forward: open -> interrupted -> final, or open -> final. A final row never changes
 again (the first final wins; later copies are ignored), an interrupted row changes
-only into a final, and an open is stored only while no finished row exists. So,
-whatever the order, repetition or interleaving of opens, finals and settles:
+only into a final, and an open counts for nothing until a settle finds no finished
+row for it (a late open, after its final or after an earlier settle, is dropped
+there). So, whatever the order, repetition or interleaving of opens, finals and
+settles:
 
 - open then final, or final alone, or final then a late open: counted once, as final;
 - open, settle, then the final after all: counted as interrupted, then corrected
   (minus the interrupted contribution, plus the final one): once, as final;
 - open, settle, no final: counted once, as interrupted.
+
+Opens are kept one row per batch (`open_batches`), not per request: settling reads a
+silent gateway's rows, and compaction (`compact_opens`) drops the opens of requests
+that finished, so a live gateway's rows stay as few as its running requests.
 
 Races between control planes sharing one PostgreSQL: ingests hold a shared advisory
 lock and settles an exclusive one, so no row turns interrupted between the moment an
@@ -152,10 +158,10 @@ def _add_row(delta: Delta, row: Row, sign: int) -> None:
 async def ingest(db: Database, batch: wire.UsageBatch, now: float) -> IngestResult:
     """Stores one gateway batch and updates the rollups, all in one transaction.
 
-    Finals are upserted unless their request is final already, and their open rows
-    removed; opens are stored unless their request exists; the rollups move only for
-    the finals written (see the module's counting rule). Bodies are kept only where the
-    record carries them. The gateway's `last_seen` becomes `now`. `batch.key_last_used`
+    Finals are upserted unless their request is final already; the batch's opens are
+    stored as one row (settling and compaction drop those whose request finished); the
+    rollups move only for the finals written (see the module's counting rule). Bodies
+    are kept only where the record carries them. The gateway's `last_seen` becomes `now`. `batch.key_last_used`
     is not handled here: keys belong to the tenancy store (`store.snapshot.touch_keys`),
     which the same handler calls.
     """
