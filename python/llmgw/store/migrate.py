@@ -38,9 +38,7 @@ def available(dialect: str) -> list[tuple[int, str, str]]:
             continue
         prev = chosen.get(version)
         if prev is not None and prev[0] != name:
-            raise StoreError(
-                f"two migrations are numbered {version:04d} ({prev[0]}, {name}); renumber one"
-            )
+            raise StoreError(f"two migrations are numbered {version:04d} ({prev[0]}, {name}); renumber one")
         if prev is None or only is not None:
             chosen[version] = (name, entry.read_text(), only is not None)
     return [(v, chosen[v][0], chosen[v][1]) for v in sorted(chosen)]
@@ -58,19 +56,13 @@ async def migrate(db: Database) -> list[int]:
         newest = max((v for v, _, _ in known), default=0)
         ahead = [v for v in applied if v > newest]
         if ahead:
-            raise StoreError(
-                f"the store has migration {max(ahead):04d}, newer than this llmgw knows "
-                f"({newest:04d}); run the llmgw version that wrote it, or newer"
-            )
+            raise StoreError(f"the store has migration {max(ahead):04d}, newer than this llmgw knows "
+                             f"({newest:04d}); run the llmgw version that wrote it, or newer")
         for version, name, sql in known:
             if version in applied:
                 continue
             await tx.script(sql)
-            await tx.execute(
-                "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
-                version,
-                name,
-                time.time(),
-            )
+            await tx.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+                             version, name, time.time())
             done.append(version)
     return done

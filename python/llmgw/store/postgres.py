@@ -15,12 +15,8 @@ import asyncpg
 
 from .db import Conflict, Database, Row, StoreError, safe_url
 
-_INTEGRITY = (
-    asyncpg.UniqueViolationError,
-    asyncpg.ForeignKeyViolationError,
-    asyncpg.NotNullViolationError,
-    asyncpg.CheckViolationError,
-)
+_INTEGRITY = (asyncpg.UniqueViolationError, asyncpg.ForeignKeyViolationError,
+              asyncpg.NotNullViolationError, asyncpg.CheckViolationError)
 
 
 def _count(status: str) -> int:
@@ -42,14 +38,11 @@ class PostgresDatabase:
     async def open(cls, url: str, min_size: int = 1, max_size: int = 10) -> PostgresDatabase:
         """Connects a pool; raises StoreError naming the server (never the password)."""
         try:
-            pool = await asyncpg.create_pool(
-                url, min_size=min_size, max_size=max_size, command_timeout=30
-            )
+            pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size,
+                                             command_timeout=30)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-            raise StoreError(
-                f"cannot connect to PostgreSQL at {safe_url(url)}: {e}; check the server "
-                "is running and the url's user, host, port and database"
-            ) from e
+            raise StoreError(f"cannot connect to PostgreSQL at {safe_url(url)}: {e}; check the server "
+                             "is running and the url's user, host, port and database") from e
         return cls(url, pool)
 
     async def execute(self, sql: str, *args: Any) -> int:

@@ -74,10 +74,8 @@ class SqliteDatabase:
             conn = await loop.run_in_executor(pool, connect)
         except sqlite3.Error as e:
             pool.shutdown(wait=False)
-            raise StoreError(
-                f"cannot open the SQLite store {path}: {e}; check the directory exists "
-                "and is writable by this user"
-            ) from e
+            raise StoreError(f"cannot open the SQLite store {path}: {e}; check the directory exists "
+                             "and is writable by this user") from e
         return cls(url, conn, pool)
 
     async def _run(self, fn: Callable[[], T]) -> T:
