@@ -72,6 +72,11 @@ def _table(args: argparse.Namespace) -> int:
             text = routing_markdown(msgspec.json.decode(raw, type=RoutingResult))
         elif scenario == "index":
             text = index_markdown(msgspec.json.decode(raw, type=IndexResult))
+        elif scenario == "usage":
+            from bench.usage import UsageResult
+            from bench.usage import markdown as usage_markdown
+
+            text = usage_markdown(msgspec.json.decode(raw, type=UsageResult))
         else:
             text = markdown(msgspec.json.decode(raw, type=Result))
         print(text + "\n")

@@ -7,6 +7,7 @@
 - routing: prefix-cache-aware routing policies against an oracle and vllm-router
   (bench/routing.py).
 - index: the KV-event index's Rust bench, against the issue's targets (bench/index.py).
+- usage: usage ingestion into SQLite and PostgreSQL, requests recorded per second (bench/usage.py).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ SCENARIOS: dict[str, Scenario] = {
     # Their own runners (bench/routing.py, bench/index.py); these shapes are not used.
     "routing": Scenario((16,), True, 16, 60.0),
     "index": Scenario((1,), False, 0, 0.0),
+    "usage": Scenario((1,), False, 0, 0.0),
 }
 
 
@@ -99,6 +101,10 @@ def run_scenario(args: argparse.Namespace) -> int:
         from bench.index import run_index
 
         return run_index(args)
+    if args.scenario == "usage":
+        from bench.usage import run_usage
+
+        return run_usage(args)
     sc = SCENARIOS[args.scenario]
     rounds = 2 if args.quick else args.rounds
     round_s = args.round_s or (1.0 if args.quick else sc.round_s)

@@ -1,0 +1,164 @@
+"""Request records as the admin API shows them: what one request went through, and its bodies."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from .db import Database
+from .usage_rows import find_open
+
+State = Literal["open", "final", "interrupted"]
+
+
+class RequestView(msgspec.Struct, kw_only=True):
+    """One request: who made it, where it went, how long it took, what it used."""
+
+    id: str
+    state: State
+    """open (still running, or its gateway has not been settled yet; tokens are the prompt
+    estimate), final, or interrupted (its gateway died; tokens are the prompt estimate)."""
+    gateway_id: str
+    org_id: str | None
+    team_id: str | None
+    project_id: str | None
+    user_id: str | None
+    key_id: str | None
+    path: str | None = None
+    """`org/team/project` of the project, filled by the admin API when it still exists."""
+    model: str
+    """The name the client asked for."""
+    upstream_model: str | None
+    replica: str | None
+    route: msgspec.Raw | None
+    """The router's decision as the gateway recorded it (policy, prefix match, scores)."""
+    retries: int
+    stream: bool
+    started_at: float
+    ttft_ms: float | None
+    duration_ms: float | None
+    status: str | None
+    http_status: int | None
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    usage_estimated: bool
+    finish_reason: str | None
+    body_kept: bool
+
+
+class RequestBody(msgspec.Struct, kw_only=True):
+    """The kept bodies of one request."""
+
+    request: msgspec.Raw
+    """The JSON the client sent, as sent."""
+    response: str
+    """The answer as the client received it (SSE frames for a stream)."""
+
+
+class NotKept(msgspec.Struct, kw_only=True):
+    """Why a request has no body to show."""
+
+    reason: str
+
+
+async def request_view(db: Database, request_id: str) -> RequestView | None:
+    """The request's record, or None when there is none (never made, or past retention)."""
+    r = await db.fetchrow(
+        "SELECT id, state, gateway_id, org_id, team_id, project_id, user_id, key_id, model, "
+        "upstream_model, replica, route, retries, stream, started_at, ttft_ms, duration_ms, status, "
+        "http_status, prompt_tokens, completion_tokens, usage_estimated, finish_reason, body_kept "
+        "FROM requests WHERE id = $1",
+        request_id,
+    )
+    if r is None:
+        return await _open_view(db, request_id)
+    return RequestView(
+        id=r["id"],
+        state=r["state"],
+        gateway_id=r["gateway_id"],
+        org_id=r["org_id"],
+        team_id=r["team_id"],
+        project_id=r["project_id"],
+        user_id=r["user_id"],
+        key_id=r["key_id"],
+        model=r["model"],
+        upstream_model=r["upstream_model"],
+        replica=r["replica"],
+        route=None if r["route"] is None else msgspec.Raw(r["route"].encode()),
+        retries=int(r["retries"]),
+        stream=bool(r["stream"]),
+        started_at=r["started_at"],
+        ttft_ms=r["ttft_ms"],
+        duration_ms=r["duration_ms"],
+        status=r["status"],
+        http_status=None if r["http_status"] is None else int(r["http_status"]),
+        prompt_tokens=int(r["prompt_tokens"]),
+        completion_tokens=int(r["completion_tokens"]),
+        total_tokens=int(r["prompt_tokens"]) + int(r["completion_tokens"]),
+        usage_estimated=bool(r["usage_estimated"]),
+        finish_reason=r["finish_reason"],
+        body_kept=bool(r["body_kept"]),
+    )
+
+
+async def _open_view(db: Database, request_id: str) -> RequestView | None:
+    found = await find_open(db, request_id)
+    if found is None:
+        return None
+    gateway_id, o = found
+    return RequestView(
+        id=o.request_id,
+        state="open",
+        gateway_id=gateway_id,
+        org_id=o.org_id,
+        team_id=o.team_id,
+        project_id=o.project_id,
+        user_id=o.user_id,
+        key_id=o.key_id,
+        model=o.model,
+        upstream_model=None,
+        replica=None,
+        route=None,
+        retries=0,
+        stream=False,
+        started_at=o.started_at,
+        ttft_ms=None,
+        duration_ms=None,
+        status=None,
+        http_status=None,
+        prompt_tokens=o.prompt_estimate,
+        completion_tokens=0,
+        total_tokens=o.prompt_estimate,
+        usage_estimated=True,
+        finish_reason=None,
+        body_kept=False,
+    )
+
+
+async def request_body(db: Database, request_id: str) -> RequestBody | NotKept | None:
+    """The kept bodies; NotKept with the reason when there are none; None for no such request."""
+    r = await db.fetchrow(
+        "SELECT r.state, b.request, b.response FROM requests r "
+        "LEFT JOIN request_bodies b ON b.request_id = r.id WHERE r.id = $1",
+        request_id,
+    )
+    if r is None:
+        if await find_open(db, request_id) is None:
+            return None
+        why = "it has not finished yet (bodies arrive with the final record)"
+    elif r["request"] is not None:
+        return RequestBody(request=msgspec.Raw(r["request"].encode()), response=r["response"] or "")
+    elif r["state"] == "interrupted":
+        why = (
+            "its gateway stopped before the request finished, so no body reached the control plane"
+        )
+    else:
+        # The gateway sends bodies only when the key's project keeps them and the request
+        # did not say no_store; the record does not say which of the two held.
+        why = (
+            "its project did not keep bodies when it ran, or the request asked not to be "
+            "stored (no_store); set keep_bodies on the project to keep the next ones"
+        )
+    return NotKept(reason=f"request {request_id} has no body kept: {why}")

@@ -1,0 +1,366 @@
+"""Exact usage: one row per request, the hourly rollup, and settling what dead gateways left open.
+
+The counting rule. A request is `open` (announced in a row of `open_batches`), then
+`final` or `interrupted` (a row in `requests`), and what it adds to the rollups is a function
+of its row alone:
+
+- open: nothing (the request has not finished; its tokens are unknown);
+- final: 1 request, 1 error unless its status is `ok`, its prompt and completion
+  tokens, in the hour it started, under its org, team, project, user, key, model;
+- interrupted: the same with status `interrupted` (an error), the open's prompt
+  estimate and 0 completion tokens.
+
+Every change of state adds (new contribution - old contribution) to the rollups in
+the same transaction, so they always equal the sum over the rows. States only move
+forward: open -> interrupted -> final, or open -> final. A final row never changes
+again (the first final wins; later copies are ignored), an interrupted row changes
+only into a final, and an open counts for nothing until a settle finds no finished
+row for it (a late open, after its final or after an earlier settle, is dropped
+there). So, whatever the order, repetition or interleaving of opens, finals and
+settles:
+
+- open then final, or final alone, or final then a late open: counted once, as final;
+- open, settle, then the final after all: counted as interrupted, then corrected
+  (minus the interrupted contribution, plus the final one): once, as final;
+- open, settle, no final: counted once, as interrupted.
+
+Opens are kept one row per batch (`open_batches`), not per request: settling reads a
+silent gateway's rows, and compaction (`compact_opens`) drops the opens of requests
+that finished, so a live gateway's rows stay as few as its running requests.
+
+Races between control planes sharing one PostgreSQL: ingests hold a shared advisory
+lock and settles an exclusive one, so no row turns interrupted between the moment an
+ingest reads it and the moment it writes it; two ingests of the same final both try
+`INSERT .. ON CONFLICT DO UPDATE .. WHERE state <> 'final'`, and only the one whose
+write happened gets the row back and counts it. SQLite has a single writer.
+
+One corner is accepted: a final arriving after retention deleted its row counts
+again; retention is days, a gateway holds records for seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmgw import wire
+
+from .db import Database, Row
+from .usage_report import (
+    DIMENSIONS,
+    ExportRow,
+    Period,
+    ScopeKind,
+    ScopeUsage,
+    export,
+    hour_of,
+    month_of,
+    usage_by_scope,
+)
+from .usage_rows import (
+    Delta,
+    add_to_rollups,
+    bulk_insert,
+    encode_opens,
+    finished,
+    id_list,
+    read_opens,
+    write_bodies,
+    write_finals,
+    write_opens,
+)
+
+__all__ = [
+    "DIMENSIONS",
+    "ExportRow",
+    "IngestResult",
+    "Period",
+    "ScopeKind",
+    "ScopeUsage",
+    "compact_opens",
+    "export",
+    "hour_of",
+    "ingest",
+    "month_of",
+    "prune",
+    "settle_gateway",
+    "settle_stale",
+    "usage_by_scope",
+]
+
+# Shared by every control plane on one PostgreSQL: ingests take it shared, settles exclusive.
+_SETTLE_LOCK = 7_366_621_120_234
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What one batch changed."""
+
+    counted: int
+    """Requests whose final record was counted for the first time."""
+    corrected: int
+    """Of those, requests that had been counted as interrupted and were corrected."""
+    duplicates: int
+    """Final records ignored because their request was already final."""
+    opens: int
+    """Open records received (an open whose request exists already changes nothing)."""
+
+
+def _add(
+    delta: Delta,
+    key: tuple[int, str, str, str, str, str, str],
+    sign: int,
+    error: bool,
+    prompt: int,
+    completion: int,
+) -> None:
+    acc = delta.setdefault(key, [0, 0, 0, 0])
+    acc[0] += sign
+    acc[1] += sign if error else 0
+    acc[2] += sign * prompt
+    acc[3] += sign * completion
+
+
+def _add_record(delta: Delta, rec: wire.UsageRecord) -> None:
+    key = (
+        hour_of(rec.started_at),
+        rec.org_id or "",
+        rec.team_id or "",
+        rec.project_id or "",
+        rec.user_id or "",
+        rec.key_id or "",
+        rec.model,
+    )
+    _add(delta, key, 1, rec.status != "ok", rec.prompt_tokens, rec.completion_tokens)
+
+
+def _add_row(delta: Delta, row: Row, sign: int) -> None:
+    """Adds (sign=1) or takes back (sign=-1) what a finished row contributes."""
+    key = (
+        hour_of(row["started_at"]),
+        row["org_id"] or "",
+        row["team_id"] or "",
+        row["project_id"] or "",
+        row["user_id"] or "",
+        row["key_id"] or "",
+        row["model"],
+    )
+    _add(
+        delta,
+        key,
+        sign,
+        row["status"] != "ok",
+        int(row["prompt_tokens"]),
+        int(row["completion_tokens"]),
+    )
+
+
+async def ingest(db: Database, batch: wire.UsageBatch, now: float) -> IngestResult:
+    """Stores one gateway batch and updates the rollups, all in one transaction.
+
+    Finals are upserted unless their request is final already; the batch's opens are
+    stored as one row (settling and compaction drop those whose request finished); the
+    rollups move only for the finals written (see the module's counting rule). Bodies
+    are kept only where the record carries them. The gateway's `last_seen` becomes `now`. `batch.key_last_used`
+    is not handled here: keys belong to the tenancy store (`store.snapshot.touch_keys`),
+    which the same handler calls.
+    """
+    finals: dict[str, wire.UsageRecord] = {}
+    for rec in batch.finals:
+        finals.setdefault(rec.request_id, rec)
+    opens: dict[str, wire.UsageOpen] = {}
+    for o in batch.opens:
+        if o.request_id not in finals:  # finished within the batch: the final says it all
+            opens.setdefault(o.request_id, o)
+    delta: Delta = {}
+    counted = corrected = 0
+    async with db.transaction() as tx:
+        if tx.dialect == "postgres":
+            await tx.execute("SELECT pg_advisory_xact_lock_shared($1)", _SETTLE_LOCK)
+        await tx.execute(
+            "INSERT INTO gateways (gateway_id, first_seen, last_seen) VALUES ($1, $2, $2) "
+            "ON CONFLICT (gateway_id) DO UPDATE SET last_seen = "
+            "CASE WHEN gateways.last_seen > excluded.last_seen THEN gateways.last_seen "
+            "ELSE excluded.last_seen END",
+            batch.gateway_id,
+            now,
+        )
+        if finals:
+            ids = sorted(finals)  # one lock order for every transaction: no deadlock
+            prior = await finished(tx, ids)
+            todo = [finals[i] for i in ids if i not in prior or prior[i]["state"] != "final"]
+            written = await write_finals(tx, batch.gateway_id, todo, now) if todo else set()
+            if written is not None:
+                todo = [r for r in todo if r.request_id in written]
+            for rec in todo:
+                counted += 1
+                _add_record(delta, rec)
+                old = prior.get(rec.request_id)
+                if old is not None:  # it was interrupted: take back what the settle counted
+                    corrected += 1
+                    _add_row(delta, old, -1)
+            await write_bodies(tx, todo)
+        if opens:
+            await write_opens(tx, batch.gateway_id, [opens[i] for i in sorted(opens)], now)
+        await add_to_rollups(tx, delta)
+    return IngestResult(
+        counted=counted, corrected=corrected, duplicates=len(finals) - counted, opens=len(opens)
+    )
+
+
+# An interrupted row: the open's fields, the prompt estimate as its prompt tokens, nothing else.
+_SETTLED_COLS = (
+    ("id", "text"),
+    ("state", "text"),
+    ("gateway_id", "text"),
+    ("org_id", "text"),
+    ("team_id", "text"),
+    ("project_id", "text"),
+    ("user_id", "text"),
+    ("key_id", "text"),
+    ("model", "text"),
+    ("started_at", "float8"),
+    ("status", "text"),
+    ("prompt_estimate", "int8"),
+    ("prompt_tokens", "int8"),
+    ("usage_estimated", "int4"),
+    ("updated_at", "float8"),
+)
+
+
+async def _settle(db: Database, where: str, arg: Any, now: float) -> int:
+    """Turns the opens of matching open_batches rows into interrupted rows and counts them,
+    except for requests that finished meanwhile (their final, or a late open's)."""
+    async with db.transaction() as tx:
+        if tx.dialect == "postgres":
+            # Exclusive: no ingest runs meanwhile, so what `finished` reads stays true.
+            await tx.execute("SELECT pg_advisory_xact_lock($1)", _SETTLE_LOCK)
+        rows = await tx.fetch(
+            f"DELETE FROM open_batches WHERE {where} RETURNING gateway_id, opens", arg
+        )
+        opens: dict[str, tuple[str, wire.UsageOpen]] = {}
+        for row in rows:
+            for o in read_opens(row["opens"]):
+                opens.setdefault(o.request_id, (row["gateway_id"], o))
+        if not opens:
+            return 0
+        done = await finished(tx, sorted(opens))
+        fresh = [opens[i] for i in sorted(opens) if i not in done]
+        delta: Delta = {}
+        for _, o in fresh:
+            key = (
+                hour_of(o.started_at),
+                o.org_id or "",
+                o.team_id or "",
+                o.project_id or "",
+                o.user_id or "",
+                o.key_id or "",
+                o.model,
+            )
+            _add(delta, key, 1, True, o.prompt_estimate, 0)
+        if fresh:
+            await bulk_insert(
+                tx,
+                "INSERT INTO requests",
+                _SETTLED_COLS,
+                [
+                    (
+                        o.request_id,
+                        "interrupted",
+                        g,
+                        o.org_id,
+                        o.team_id,
+                        o.project_id,
+                        o.user_id,
+                        o.key_id,
+                        o.model,
+                        o.started_at,
+                        "interrupted",
+                        o.prompt_estimate,
+                        o.prompt_estimate,
+                        1,
+                        now,
+                    )
+                    for g, o in fresh
+                ],
+                "ON CONFLICT (id) DO NOTHING",
+            )
+            await add_to_rollups(tx, delta)
+    return len(fresh)
+
+
+async def compact_opens(db: Database, older_than: float) -> int:
+    """Drops, from open_batches rows received before `older_than`, the requests that have
+    finished, and the rows left empty; returns how many opens remain in those rows.
+
+    Without it a live gateway's rows would pile up forever. It changes no count: a
+    finished request is counted by its row in `requests` whatever happens to its open.
+    Ingests never touch stored rows, so this runs beside them (shared lock); settles,
+    which delete rows, wait (and are waited for).
+    """
+    async with db.transaction() as tx:
+        if tx.dialect == "postgres":
+            await tx.execute("SELECT pg_advisory_xact_lock_shared($1)", _SETTLE_LOCK)
+        rows = await tx.fetch(
+            "SELECT id, opens FROM open_batches WHERE received_at < $1", older_than
+        )
+        if not rows:
+            return 0
+        batches = [(r["id"], read_opens(r["opens"])) for r in rows]
+        done = await finished(tx, sorted({o.request_id for _, os in batches for o in os}))
+        empty, left = [], 0
+        for bid, os in batches:
+            keep = [o for o in os if o.request_id not in done]
+            left += len(keep)
+            if not keep:
+                empty.append(bid)
+            elif len(keep) < len(os):
+                await tx.execute(
+                    "UPDATE open_batches SET opens = $2 WHERE id = $1", bid, encode_opens(keep)
+                )
+        if empty:
+            cond, arg = id_list(tx, empty)
+            await tx.execute(f"DELETE FROM open_batches WHERE id {cond}", arg)
+    return left
+
+
+async def settle_gateway(db: Database, gateway_id: str, now: float) -> int:
+    """Marks the open requests of one gateway `interrupted` and counts them once; returns how many.
+
+    For a gateway known to be gone (it said goodbye, or an operator says so). A final
+    arriving afterwards still corrects the row and the rollups.
+    """
+    return await _settle(db, "gateway_id = $1", gateway_id, now)
+
+
+async def settle_stale(db: Database, silent_for: float, now: float) -> int:
+    """Settles the open requests of every gateway not heard from for `silent_for` seconds.
+
+    Gateways send a batch (empty when idle) every fraction of a second, so silence means
+    the worker died; run this periodically with `silent_for` of several batch intervals.
+    """
+    return await _settle(
+        db,
+        "gateway_id IN (SELECT gateway_id FROM gateways WHERE last_seen < $1)",
+        now - silent_for,
+        now,
+    )
+
+
+async def prune(db: Database, older_than: float) -> int:
+    """Deletes finished request rows (and their bodies) started before `older_than` (unix
+    seconds); the rollups keep their counts. Open rows wait for their final or settle.
+    Returns how many requests went."""
+    async with db.transaction() as tx:
+        await tx.execute(
+            "DELETE FROM request_bodies WHERE request_id IN "
+            "(SELECT id FROM requests WHERE started_at < $1)",
+            older_than,
+        )
+        n = await tx.execute("DELETE FROM requests WHERE started_at < $1", older_than)
+        await tx.execute(
+            "DELETE FROM gateways WHERE last_seen < $1 AND NOT EXISTS (SELECT 1 FROM "
+            "open_batches o WHERE o.gateway_id = gateways.gateway_id)",
+            older_than,
+        )
+    return n

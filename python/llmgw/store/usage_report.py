@@ -1,0 +1,182 @@
+"""Reading the usage rollups: usage per org, team or project, and the export by period.
+
+Answers come from `usage_hourly` and `usage_daily` only, never from request rows,
+so a month answers in milliseconds however many requests it held. Buckets are UTC.
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import msgspec
+
+from .db import Database, Row
+
+HOUR = 3600
+DAY = 86_400
+
+Period = Literal["hour", "day", "month"]
+ScopeKind = Literal["org", "team", "project"]
+
+DIMENSIONS: dict[str, str] = {
+    "org": "org_id",
+    "team": "team_id",
+    "project": "project_id",
+    "user": "user_id",
+    "key": "key_id",
+    "model": "model",
+}
+"""Export dimension -> its column in the rollups (and its field in ExportRow)."""
+
+
+class ScopeUsage(msgspec.Struct, kw_only=True):
+    """Usage of one org, team or project since a time."""
+
+    scope_id: str
+    """The org, team or project id; '' for requests made without a key."""
+    path: str | None = None
+    """`acme/ml/chat`, filled by the admin API when the scope still exists."""
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ExportRow(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One period and one group of the chosen dimensions; a dimension not chosen is absent."""
+
+    period_start: float
+    """Unix seconds (UTC) the hour, day or month starts at."""
+    org_id: str | None = None
+    team_id: str | None = None
+    project_id: str | None = None
+    user_id: str | None = None
+    key_id: str | None = None
+    model: str | None = None
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def hour_of(t: float) -> int:
+    """The unix second the UTC hour holding `t` starts at."""
+    return int(t // HOUR) * HOUR
+
+
+_SUMS = (
+    "CAST(SUM(requests) AS BIGINT), CAST(SUM(errors) AS BIGINT), "
+    "CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT)"
+)
+
+
+async def _grouped(
+    db: Database, start: float, end: float, cols: list[str], width: int | None
+) -> list[Row]:
+    """(bucket, *cols, requests, errors, prompt, completion) over the hours from the one holding
+    `start` to `end` (exclusive), grouped by `width`-second buckets (HOUR or DAY; None: one
+    bucket, 0), ordered. Whole days are read from usage_daily, the hours at either edge from
+    usage_hourly: a month is then 30 rows per group, not 720."""
+    lo, hi = hour_of(start), math.ceil(end)  # hour < ceil(end) is hour < end for whole hours
+    day_lo, day_hi = -(-lo // DAY) * DAY, hi - hi % DAY
+    names = "".join(f", {c}" for c in cols)  # fixed column names, never the caller's text
+    sums = "requests, errors, prompt_tokens, completion_tokens"
+    if width == DAY or (width is None and day_lo < day_hi):
+        bucket = "0" if width is None else "t - t % 86400"
+        parts = (
+            f"SELECT hour AS t{names}, {sums} FROM usage_hourly WHERE hour >= $1 AND hour < $2 "
+            f"UNION ALL SELECT day{names}, {sums} FROM usage_daily WHERE day >= $2 AND day < $3 "
+            f"UNION ALL SELECT hour{names}, {sums} FROM usage_hourly WHERE hour >= $3 AND hour < $4"
+        )
+        # no whole day in range: the first two parts are empty, the last one reads it all
+        args: tuple[int, ...] = (lo, day_lo, day_hi, hi) if day_lo < day_hi else (lo, lo, lo, hi)
+    else:
+        bucket = "0" if width is None else "t"
+        parts = f"SELECT hour AS t{names}, {sums} FROM usage_hourly WHERE hour >= $1 AND hour < $2"
+        args = (lo, hi)
+    group = "".join(f", {i}" for i in range(2, len(cols) + 2))
+    return await db.fetch(
+        f"SELECT {bucket}{names}, {_SUMS} FROM ({parts}) u GROUP BY 1{group} ORDER BY 1{group}",
+        *args,
+    )
+
+
+async def usage_by_scope(
+    db: Database, by: ScopeKind, since: float, until: float | None = None
+) -> list[ScopeUsage]:
+    """Usage per org, team or project from the hour holding `since` to `until` (default: all
+    recorded), most tokens first."""
+    col = DIMENSIONS[by]
+    end = float(2**53) if until is None else until
+    rows = await _grouped(db, since, end, [col], None)
+    out = [
+        ScopeUsage(
+            scope_id=r[1],
+            requests=int(r[2]),
+            errors=int(r[3]),
+            prompt_tokens=int(r[4]),
+            completion_tokens=int(r[5]),
+            total_tokens=int(r[4]) + int(r[5]),
+        )
+        for r in rows
+    ]
+    out.sort(key=lambda u: (-u.total_tokens, u.scope_id))
+    return out
+
+
+def month_of(t: float) -> float:
+    """The unix second the UTC calendar month holding `t` starts at."""
+    d = datetime.fromtimestamp(t, UTC)
+    return float(calendar.timegm((d.year, d.month, 1, 0, 0, 0)))
+
+
+async def export(
+    db: Database, start: float, end: float, period: Period, by: Iterable[str]
+) -> list[ExportRow]:
+    """Usage from the hour holding `start` to `end` (exclusive), per period and chosen dimensions.
+
+    Answers from the rollups only (see `_grouped`). Days are bucketed in SQL with integer
+    arithmetic that both backends share; months are merged from days here, since
+    calendar months are not a fixed number of seconds. Rows come ordered by period then
+    dimensions. `by` holds names of DIMENSIONS; unknown ones raise ValueError.
+    """
+    chosen = list(dict.fromkeys(by))
+    unknown = [d for d in chosen if d not in DIMENSIONS]
+    if unknown:
+        raise ValueError(f"unknown usage dimension {unknown[0]!r}")
+    cols = [DIMENSIONS[d] for d in DIMENSIONS if d in chosen]  # the canonical order
+    rows = await _grouped(db, start, end, cols, HOUR if period == "hour" else DAY)
+    n = len(cols)
+    if period != "month":
+        return [
+            ExportRow(
+                period_start=float(r[0]),
+                **{c: r[i + 1] for i, c in enumerate(cols)},
+                requests=int(r[n + 1]),
+                errors=int(r[n + 2]),
+                prompt_tokens=int(r[n + 3]),
+                completion_tokens=int(r[n + 4]),
+            )
+            for r in rows
+        ]
+    merged: dict[tuple[Any, ...], list[int]] = {}
+    for r in rows:
+        acc = merged.setdefault((month_of(r[0]), *(r[i] for i in range(1, n + 1))), [0, 0, 0, 0])
+        for i in range(4):
+            acc[i] += int(r[n + 1 + i])
+    return [
+        ExportRow(
+            period_start=k[0],
+            **{c: k[i + 1] for i, c in enumerate(cols)},
+            requests=v[0],
+            errors=v[1],
+            prompt_tokens=v[2],
+            completion_tokens=v[3],
+        )
+        for k, v in sorted(merged.items())
+    ]

@@ -1,0 +1,290 @@
+"""Writing usage rows in bulk, one statement per table and batch, on each backend.
+
+SQLite runs in-process: `executemany` of one VALUES statement is one C loop with no
+round trips. PostgreSQL gets one statement per table: asyncpg's executemany sends a
+statement per row, and unnest() of one array per column spent most of its time in
+asyncpg checking every array element (an `isinstance` per value, about 20 µs per
+record). The records are instead encoded to JSON by msgspec in one call and
+unpacked by the server's `json_to_recordset`, in C on both sides.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from llmgw import wire
+
+from .db import Database, Row
+from .usage_report import DAY
+
+Delta = dict[tuple[int, str, str, str, str, str, str], list[int]]
+"""(hour, org, team, project, user, key, model) -> [requests, errors, prompt, completion]."""
+
+_json = msgspec.json.Encoder()
+
+
+def _text(raw: msgspec.Raw | bytes | None) -> str | None:
+    return None if raw is None else bytes(raw).decode("utf-8", "replace")
+
+
+async def bulk_insert(
+    tx: Database, head: str, cols: Sequence[tuple[str, str]], rows: list[tuple[Any, ...]], tail: str
+) -> None:
+    """`INSERT INTO t (cols) <rows> tail` for a few rows of plain values (rollups, bodies).
+
+    `cols` pairs each column with its PostgreSQL type, for the unnest() arrays.
+    """
+    names = ", ".join(c for c, _ in cols)
+    if tx.dialect == "postgres":
+        arrays = ", ".join(f"${i}::{t}[]" for i, (_, t) in enumerate(cols, 1))
+        await tx.execute(
+            f"{head} ({names}) SELECT * FROM unnest({arrays}) {tail}",
+            *[list(c) for c in zip(*rows, strict=True)],
+        )
+        return
+    marks = ", ".join(f"${i}" for i in range(1, len(cols) + 1))
+    await tx.executemany(f"{head} ({names}) VALUES ({marks}) {tail}", rows)
+
+
+# The columns a final writes, in the order of `_final_values` (SQLite) and of the
+# SELECT list over json_to_recordset (PostgreSQL).
+_FINAL_COLS = (
+    "id",
+    "state",
+    "gateway_id",
+    "org_id",
+    "team_id",
+    "project_id",
+    "user_id",
+    "key_id",
+    "model",
+    "upstream_model",
+    "replica",
+    "route",
+    "retries",
+    "stream",
+    "started_at",
+    "ttft_ms",
+    "duration_ms",
+    "status",
+    "http_status",
+    "prompt_tokens",
+    "completion_tokens",
+    "usage_estimated",
+    "finish_reason",
+    "body_kept",
+    "updated_at",
+)
+# Every column but id and prompt_estimate (an interrupted row's estimate stays for the record).
+_FINAL_SET = ", ".join(f"{c} = excluded.{c}" for c in _FINAL_COLS[1:])
+# The WHERE is what makes the first final win: a final row is never written again.
+_FINAL_TAIL = (
+    f"ON CONFLICT (id) DO UPDATE SET {_FINAL_SET} WHERE requests.state <> 'final' RETURNING id"
+)
+
+# wire.UsageRecord's fields as json_to_recordset reads them (by name; the rest are ignored).
+_RECORD_TYPE = (
+    "request_id text, model text, upstream_model text, replica text, status text, "
+    "http_status int8, stream boolean, prompt_tokens int8, completion_tokens int8, "
+    "usage_estimated boolean, ttft_ms float8, duration_ms float8, finish_reason text, "
+    "retries int8, started_at float8, route json, key_id text, user_id text, project_id text, "
+    "team_id text, org_id text"
+)
+_FINAL_PG = (
+    f"INSERT INTO requests ({', '.join(_FINAL_COLS)}) "
+    "SELECT t.request_id, 'final', $2, t.org_id, t.team_id, t.project_id, t.user_id, t.key_id, "
+    "t.model, t.upstream_model, t.replica, NULLIF(t.route::text, 'null'), t.retries, "
+    "t.stream::int, t.started_at, t.ttft_ms, t.duration_ms, t.status, t.http_status, "
+    "t.prompt_tokens, t.completion_tokens, t.usage_estimated::int, t.finish_reason, "
+    "(t.request_id = ANY($4::text[]))::int, $3 "
+    f"FROM json_to_recordset($1::json) AS t({_RECORD_TYPE}) {_FINAL_TAIL}"
+)
+
+
+def _final_values(rec: wire.UsageRecord, gateway_id: str, now: float) -> tuple[Any, ...]:
+    return (
+        rec.request_id,
+        "final",
+        gateway_id,
+        rec.org_id,
+        rec.team_id,
+        rec.project_id,
+        rec.user_id,
+        rec.key_id,
+        rec.model,
+        rec.upstream_model,
+        rec.replica,
+        _text(rec.route),
+        rec.retries,
+        int(rec.stream),
+        rec.started_at,
+        rec.ttft_ms,
+        rec.duration_ms,
+        rec.status,
+        rec.http_status,
+        rec.prompt_tokens,
+        rec.completion_tokens,
+        int(rec.usage_estimated),
+        rec.finish_reason,
+        int(rec.request_body is not None),
+        now,
+    )
+
+
+async def write_finals(
+    tx: Database, gateway_id: str, recs: list[wire.UsageRecord], now: float
+) -> set[str] | None:
+    """Upserts final rows over missing, open-less or interrupted ones (never over a final).
+
+    Returns the ids really written on PostgreSQL (another control plane may have written
+    some first), None on SQLite (a single writer: all of them were).
+    """
+    if tx.dialect == "postgres":
+        kept = [r.request_id for r in recs if r.request_body is not None]
+        # Bodies travel in their own statement; do not ship them twice.
+        slim = [
+            msgspec.structs.replace(r, request_body=None, response_body=None)
+            if r.request_body is not None or r.response_body is not None
+            else r
+            for r in recs
+        ]
+        rows = await tx.fetch(_FINAL_PG, _json.encode(slim).decode(), gateway_id, now, kept)
+        return {r["id"] for r in rows}
+    marks = ", ".join(f"${i}" for i in range(1, len(_FINAL_COLS) + 1))
+    await tx.executemany(
+        f"INSERT INTO requests ({', '.join(_FINAL_COLS)}) VALUES ({marks}) "
+        + _FINAL_TAIL.removesuffix(" RETURNING id"),
+        [_final_values(r, gateway_id, now) for r in recs],
+    )
+    return None
+
+
+async def write_bodies(tx: Database, recs: list[wire.UsageRecord]) -> None:
+    """Keeps the bodies the records carry (the gateway sends them only where they are kept)."""
+    rows = [
+        (r.request_id, _text(r.request_body), _text(r.response_body))
+        for r in recs
+        if r.request_body is not None or r.response_body is not None
+    ]
+    if rows:
+        await bulk_insert(
+            tx,
+            "INSERT INTO request_bodies",
+            (("request_id", "text"), ("request", "text"), ("response", "text")),
+            rows,
+            "ON CONFLICT (request_id) DO NOTHING",
+        )
+
+
+async def write_opens(
+    tx: Database, gateway_id: str, opens: list[wire.UsageOpen], now: float
+) -> None:
+    """Stores a batch's opens as one row. A late open (its request finished already) is
+    stored too and dropped when settled or compacted, where `finished` is checked."""
+    await tx.execute(
+        "INSERT INTO open_batches (id, gateway_id, received_at, opens) VALUES ($1, $2, $3, $4)",
+        secrets.token_hex(12),
+        gateway_id,
+        now,
+        encode_opens(opens),
+    )
+
+
+def encode_opens(opens: list[wire.UsageOpen]) -> str:
+    """The JSON an open_batches row holds."""
+    return _json.encode(opens).decode()
+
+
+def read_opens(text: str) -> list[wire.UsageOpen]:
+    """The opens of one open_batches row."""
+    return _opens_decoder.decode(text)
+
+
+_opens_decoder = msgspec.json.Decoder(list[wire.UsageOpen])
+
+
+async def find_open(db: Database, request_id: str) -> tuple[str, wire.UsageOpen] | None:
+    """(gateway id, open) of a request still running, or None.
+
+    A text search over the batches' JSON: they hold the last minutes of opens only
+    (compaction drops finished ones), and this serves one admin lookup, not ingestion.
+    """
+    needle = '"request_id":' + _json.encode(request_id).decode()
+    find = "strpos(opens, $1) > 0" if db.dialect == "postgres" else "instr(opens, $1) > 0"
+    for row in await db.fetch(f"SELECT gateway_id, opens FROM open_batches WHERE {find}", needle):
+        for o in read_opens(row["opens"]):
+            if o.request_id == request_id:
+                return row["gateway_id"], o
+    return None
+
+
+def id_list(tx: Database, ids: list[str]) -> tuple[str, Any]:
+    """A condition `id IN <these ids>` and its one argument ($1): an array on PostgreSQL,
+    a JSON array on SQLite (which has no array parameters; json_each reads it in C)."""
+    if tx.dialect == "postgres":
+        return "= ANY($1::text[])", ids
+    return "IN (SELECT value FROM json_each($1))", _json.encode(ids).decode()
+
+
+ROW_COLS = (
+    "id, state, started_at, org_id, team_id, project_id, user_id, key_id, model, "
+    "status, prompt_tokens, completion_tokens"
+)
+"""What `finished` reads: enough to take back what a row contributed."""
+
+
+async def finished(tx: Database, ids: list[str]) -> dict[str, Row]:
+    """The final or interrupted rows already stored for these ids."""
+    cond, arg = id_list(tx, ids)
+    rows = await tx.fetch(f"SELECT {ROW_COLS} FROM requests WHERE id {cond}", arg)
+    return {r["id"]: r for r in rows}
+
+
+_ROLLUP_COLS = (
+    ("org_id", "text"),
+    ("team_id", "text"),
+    ("project_id", "text"),
+    ("user_id", "text"),
+    ("key_id", "text"),
+    ("model", "text"),
+    ("requests", "int8"),
+    ("errors", "int8"),
+    ("prompt_tokens", "int8"),
+    ("completion_tokens", "int8"),
+)
+_ROLLUP_TAIL = (
+    "ON CONFLICT ({first}, org_id, team_id, project_id, user_id, key_id, model) DO UPDATE SET "
+    "requests = {table}.requests + excluded.requests, "
+    "errors = {table}.errors + excluded.errors, "
+    "prompt_tokens = {table}.prompt_tokens + excluded.prompt_tokens, "
+    "completion_tokens = {table}.completion_tokens + excluded.completion_tokens"
+)
+
+
+async def add_to_rollups(tx: Database, delta: Delta) -> None:
+    """Adds hourly deltas to usage_hourly and, summed by day, to usage_daily.
+
+    Rows are written in key order so that concurrent ingests lock them in the same
+    order (no deadlock); all-zero deltas (a correction that changed nothing) are skipped.
+    """
+    daily: Delta = {}
+    for k, v in delta.items():
+        acc = daily.setdefault(
+            (k[0] - k[0] % DAY, k[1], k[2], k[3], k[4], k[5], k[6]), [0, 0, 0, 0]
+        )
+        for i in range(4):
+            acc[i] += v[i]
+    for table, first, d in (("usage_hourly", "hour", delta), ("usage_daily", "day", daily)):
+        rows = [(*k, *v) for k, v in sorted(d.items()) if any(v)]
+        if rows:
+            await bulk_insert(
+                tx,
+                f"INSERT INTO {table}",
+                ((first, "int8"), *_ROLLUP_COLS),
+                rows,
+                _ROLLUP_TAIL.format(table=table, first=first),
+            )

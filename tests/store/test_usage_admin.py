@@ -1,0 +1,257 @@
+"""The usage and request handlers, called with a hand-made Request (the app is tested elsewhere)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import pytest
+
+from llmgw.admin import requests as req_routes
+from llmgw.admin import usage as usage_routes
+from llmgw.admin.route import ApiError, Raw, Request, Route
+from llmgw.store import Database
+from llmgw.store.usage import ingest
+
+from .usage_util import T0, batch, final, opened
+from .util import with_db
+
+D = 86_400.0
+
+
+def _route(routes: list[Route], method: str, path: str) -> Route:
+    return next(r for r in routes if r.method == method and r.path == path)
+
+
+def _req(
+    db: Database,
+    query: dict[str, str] | None = None,
+    path_params: dict[str, str] | None = None,
+    body: Any = None,
+    gateway_url: str | None = None,
+) -> Request:
+    state = SimpleNamespace(
+        settings=SimpleNamespace(gateway_url=gateway_url), gateway_token="gw-tok"
+    )
+    return Request(
+        method="GET",
+        path="/",
+        path_params=path_params or {},
+        query=query or {},
+        body=body,
+        actor="admin",
+        db=db,
+        state=state,
+    )
+
+
+async def _names(db: Database, ids: list[str]) -> dict[str, str]:
+    return {"proj_a": "acme/ml/chat"}
+
+
+def test_usage_by_scope_fills_paths_and_rejects_bad_input(store_url: str) -> None:
+    async def body(db: Database) -> None:
+        import time
+
+        now = time.time()
+        await ingest(
+            db,
+            batch(finals=[final("1", at=now - 60), final("2", at=now - 60, project="proj_x")]),
+            now,
+        )
+        get = _route(usage_routes.routes(_names), "GET", "/api/v1/usage").handler
+        rows = await get(_req(db, {"by": "project", "since": "2h"}))
+        assert [(u.scope_id, u.path, u.requests) for u in rows] == [
+            ("proj_a", "acme/ml/chat", 1),
+            ("proj_x", None, 1),
+        ]
+        teams = await _route(usage_routes.ROUTES, "GET", "/api/v1/usage").handler(_req(db))
+        assert [(u.scope_id, u.path, u.total_tokens) for u in teams] == [("team_a", None, 34)]
+        for query, code in (
+            ({"by": "region"}, "usage.bad_scope_kind"),
+            ({"since": "0h"}, "usage.bad_since"),
+            ({"since": "yesterday"}, "usage.bad_time"),
+        ):
+            with pytest.raises(ApiError) as e:
+                await get(_req(db, query))
+            assert (e.value.status, e.value.code) == (400, code)
+        with pytest.raises(ApiError) as e:
+            await get(_req(db, {"by": "region"}))
+        assert e.value.message == (
+            "by='region' is not one of org, team, project; give one of those (default team)."
+        )
+
+    with_db(store_url, body)
+
+
+def test_export_csv_and_json(store_url: str) -> None:
+    async def body(db: Database) -> None:
+        await ingest(
+            db,
+            batch(
+                finals=[
+                    final("1", at=T0 + 10),
+                    final("2", at=T0 + D + 10, model="x"),
+                    final("3", at=T0 + D + 20, status="timeout"),
+                ]
+            ),
+            T0,
+        )
+        get = _route(usage_routes.ROUTES, "GET", "/api/v1/usage/export").handler
+        q = {"from": "2026-11-01", "to": "2026-11-02", "period": "day", "by": "model,project"}
+        got = await get(_req(db, q))
+        assert isinstance(got, Raw) and got.content_type == "text/csv; charset=utf-8"
+        assert got.body.decode() == (
+            "period_start,project_id,model,requests,errors,prompt_tokens,completion_tokens\n"
+            "2026-11-01T00:00:00Z,proj_a,m,1,0,12,5\n"
+            "2026-11-02T00:00:00Z,proj_a,m,1,1,12,5\n"
+            "2026-11-02T00:00:00Z,proj_a,x,1,0,12,5\n"
+        )
+        js = await get(_req(db, {**q, "format": "json", "period": "month", "by": ""}))
+        assert msgspec.json.decode(msgspec.json.encode(js)) == [
+            {
+                "period_start": T0,
+                "requests": 3,
+                "errors": 1,
+                "prompt_tokens": 36,
+                "completion_tokens": 15,
+            }
+        ]
+        # to= a date includes that day; a time counts the whole hour holding it (hourly rollups)
+        hours = await get(
+            _req(
+                db,
+                {
+                    "from": "2026-11-01T00:00:00Z",
+                    "to": "2026-11-02T00:00:11+00:00",
+                    "period": "hour",
+                    "format": "json",
+                },
+            )
+        )
+        assert [r.requests for r in hours] == [1, 2]
+        empty = await get(_req(db, {"from": "2026-10-01", "to": "2026-10-02"}))
+        assert empty.body == b"period_start,requests,errors,prompt_tokens,completion_tokens\n"
+        for query, code in (
+            ({"period": "week"}, "usage.bad_period"),
+            ({"by": "org,region"}, "usage.bad_dimension"),
+            ({"format": "xml"}, "usage.bad_format"),
+            ({"from": "11/01/2026"}, "usage.bad_time"),
+            ({"from": "2026-11-02", "to": "2026-11-01"}, "usage.bad_range"),
+        ):
+            with pytest.raises(ApiError) as e:
+                await get(_req(db, query))
+            assert (e.value.status, e.value.code) == (400, code)
+
+    with_db(store_url, body)
+
+
+def test_request_record_and_body(store_url: str) -> None:
+    async def body(db: Database) -> None:
+        await ingest(db, batch(opens=[opened("o")], finals=[final("k", body=True), final("n")]), T0)
+        routes = req_routes.routes(_names)
+        get = _route(routes, "GET", "/api/v1/requests/{id}").handler
+        view = await get(_req(db, path_params={"id": "k"}))
+        doc = msgspec.json.decode(msgspec.json.encode(view))
+        assert (doc["path"], doc["state"], doc["route"], doc["total_tokens"], doc["body_kept"]) == (
+            "acme/ml/chat",
+            "final",
+            {"policy": "prefix", "matched": 12},
+            17,
+            True,
+        )
+        assert (await get(_req(db, path_params={"id": "o"}))).state == "open"
+        with pytest.raises(ApiError) as e:
+            await get(_req(db, path_params={"id": "nope"}))
+        assert (e.value.status, e.value.code) == (404, "requests.not_found")
+        get_body = _route(routes, "GET", "/api/v1/requests/{id}/body").handler
+        kept = msgspec.json.decode(
+            msgspec.json.encode(await get_body(_req(db, path_params={"id": "k"})))
+        )
+        assert kept == {"request": {"model": "m", "messages": []}, "response": '{"choices":[]}'}
+        with pytest.raises(ApiError) as e:
+            await get_body(_req(db, path_params={"id": "n"}))
+        assert (e.value.status, e.value.code) == (404, "requests.body_not_kept")
+        assert e.value.message == (
+            "request n has no body kept: its project did not keep bodies when it ran, or the "
+            "request asked not to be stored (no_store); set keep_bodies on the project to keep "
+            "the next ones."
+        )
+
+    with_db(store_url, body)
+
+
+def test_replay_goes_through_the_gateway(store_url: str) -> None:
+    seen: list[tuple[str, dict[str, str], bytes]] = []
+
+    async def gateway(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
+        headers = {h.split(": ", 1)[0].lower(): h.split(": ", 1)[1] for h in head[1:] if h}
+        data = await reader.readexactly(int(headers["content-length"]))
+        seen.append((head[0], headers, data))
+        answer = b'{"id":"chatcmpl-1","choices":[]}'
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(answer)).encode()
+            + b"\r\nconnection: close\r\n\r\n"
+            + answer
+        )
+        await writer.drain()
+        writer.close()
+
+    async def body(db: Database) -> None:
+        await ingest(db, batch(finals=[final("k", body=True), final("n")]), T0)
+        replay = _route(req_routes.ROUTES, "POST", "/api/v1/requests/{id}/replay").handler
+        with pytest.raises(ApiError) as e:
+            await replay(
+                _req(db, path_params={"id": "k"}, body=req_routes.ReplayRequest(model="big"))
+            )
+        assert (e.value.status, e.value.code) == (409, "requests.no_gateway")
+        server = await asyncio.start_server(gateway, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            url = f"http://127.0.0.1:{port}/v1"
+            got = await replay(
+                _req(
+                    db,
+                    path_params={"id": "k"},
+                    gateway_url=url,
+                    body=req_routes.ReplayRequest(model="big"),
+                )
+            )
+            with pytest.raises(ApiError) as e:
+                await replay(
+                    _req(
+                        db,
+                        path_params={"id": "n"},
+                        gateway_url=url,
+                        body=req_routes.ReplayRequest(model="big"),
+                    )
+                )
+            assert e.value.code == "requests.body_not_kept"
+        assert isinstance(got, Raw) and (got.status, got.body) == (
+            200,
+            b'{"id":"chatcmpl-1","choices":[]}',
+        )
+        line, headers, sent = seen[0]
+        assert line == "POST /v1/chat/completions HTTP/1.1"
+        assert (
+            headers["authorization"],
+            headers["x-llmgw-replay-of"],
+            headers["x-llmgw-replay-key"],
+        ) == ("Bearer gw-tok", "k", "key_a")
+        assert msgspec.json.decode(sent) == {"model": "big", "messages": [], "stream": False}
+        with pytest.raises(ApiError) as e:  # nothing listens there any more
+            await replay(
+                _req(
+                    db,
+                    path_params={"id": "k"},
+                    gateway_url=url,
+                    body=req_routes.ReplayRequest(model="big"),
+                )
+            )
+        assert (e.value.status, e.value.code) == (502, "requests.gateway_unreachable")
+
+    with_db(store_url, body)

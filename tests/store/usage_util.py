@@ -1,0 +1,133 @@
+"""Builders of usage records for the usage tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from llmgw import wire
+from llmgw.store import Database
+
+T0 = 1_793_491_200.0
+"""2026-11-01T00:00:00Z: the start of a month, so that hour, day and month buckets line up."""
+
+
+def opened(
+    rid: str,
+    *,
+    at: float = T0,
+    estimate: int = 10,
+    model: str = "m",
+    project: str = "proj_a",
+    key: str = "key_a",
+) -> wire.UsageOpen:
+    """An open record of request `rid` under org_a/team_a/`project`."""
+    return wire.UsageOpen(
+        request_id=rid,
+        model=model,
+        started_at=at,
+        prompt_estimate=estimate,
+        key_id=key,
+        user_id="user_a",
+        project_id=project,
+        team_id="team_a",
+        org_id="org_a",
+    )
+
+
+def final(
+    rid: str,
+    *,
+    at: float = T0,
+    prompt: int = 12,
+    completion: int = 5,
+    status: str = "ok",
+    model: str = "m",
+    project: str = "proj_a",
+    key: str = "key_a",
+    body: bool = False,
+    **kw: Any,
+) -> wire.UsageRecord:
+    """A final record matching `opened(rid)`."""
+    return wire.UsageRecord(
+        request_id=rid,
+        model=model,
+        upstream_model="up-" + model,
+        replica="r1",
+        status=status,
+        http_status=200 if status == "ok" else 502,
+        stream=False,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        usage_estimated=False,
+        ttft_ms=3.5,
+        duration_ms=20.0,
+        finish_reason="stop",
+        retries=0,
+        started_at=at,
+        route=msgspec.Raw(b'{"policy":"prefix","matched":12}'),
+        key_id=key,
+        user_id="user_a",
+        project_id=project,
+        team_id="team_a",
+        org_id="org_a",
+        request_body=msgspec.Raw(b'{"model":"' + model.encode() + b'","messages":[]}')
+        if body
+        else None,
+        response_body=b'{"choices":[]}' if body else None,
+        **kw,
+    )
+
+
+def batch(
+    gateway: str = "gw1",
+    opens: list[wire.UsageOpen] | None = None,
+    finals: list[wire.UsageRecord] | None = None,
+) -> wire.UsageBatch:
+    """A batch from `gateway`."""
+    return wire.UsageBatch(gateway_id=gateway, opens=opens or [], finals=finals or [])
+
+
+async def totals(db: Database) -> tuple[int, int, int, int]:
+    """(requests, errors, prompt, completion) summed over the whole rollup."""
+    r = await db.fetchrow(
+        "SELECT CAST(SUM(requests) AS BIGINT), CAST(SUM(errors) AS BIGINT), "
+        "CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT) "
+        "FROM usage_hourly"
+    )
+    assert r is not None
+    return (int(r[0] or 0), int(r[1] or 0), int(r[2] or 0), int(r[3] or 0))
+
+
+async def rows_total(db: Database) -> tuple[int, int, int, int]:
+    """The same sums computed from the request rows (open rows count nothing)."""
+    r = await db.fetchrow(
+        "SELECT COUNT(*), CAST(SUM(CASE WHEN status <> 'ok' THEN 1 ELSE 0 END) AS BIGINT), "
+        "CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT) "
+        "FROM requests"
+    )
+    assert r is not None
+    return (int(r[0] or 0), int(r[1] or 0), int(r[2] or 0), int(r[3] or 0))
+
+
+async def daily_matches_hourly(db: Database) -> bool:
+    """usage_daily holds exactly usage_hourly summed by day (zero rows aside)."""
+
+    def nonzero(rows: list[Any]) -> dict[tuple[Any, ...], tuple[int, ...]]:
+        return {
+            tuple(r[:7]): tuple(int(x) for x in r[7:]) for r in rows if any(int(x) for x in r[7:])
+        }
+
+    dims = "org_id, team_id, project_id, user_id, key_id, model"
+    sums = (
+        "CAST(SUM(requests) AS BIGINT), CAST(SUM(errors) AS BIGINT), "
+        "CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT)"
+    )
+    hourly = await db.fetch(
+        f"SELECT hour - hour % 86400, {dims}, {sums} FROM usage_hourly GROUP BY 1, {dims}"
+    )
+    daily = await db.fetch(
+        f"SELECT day, {dims}, requests, errors, prompt_tokens, completion_tokens FROM usage_daily"
+    )
+    return nonzero(hourly) == nonzero(daily)
