@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw.secrets import HASH_LABEL, derive
 from llmgw.store import Database, connect, migrate
+from llmgw.wire import UsageBatch
 
 from . import datadir
 from .settings import CONFIG_ENV, ServerConfig, Settings, decode_config
@@ -37,7 +38,9 @@ log = logging.getLogger("llmgw.control")
 
 # One line per part that runs beside the admin API (see the module docstring),
 # e.g. "llmgw.control.snapshots:attach". Attached in this order, stopped in reverse.
-ATTACH: tuple[str, ...] = ()
+ATTACH: tuple[str, ...] = (
+    "llmgw.control.usage:attach",
+)
 
 GATEWAY_TOKEN_LABEL = "llmgw gateway token v1"
 
@@ -68,6 +71,8 @@ class ControlPlane:
         self.snapshots: Any = None
         self.limits: Any = None
         self.usage: Any = None
+        self.ingest_usage: Callable[[UsageBatch], Awaitable[None]] | None = None
+        """Stores one gateway batch (set by control/usage.py)."""
         self._db: Database | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._on_stop: list[Callable[[], Awaitable[None]]] = []

@@ -30,7 +30,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     gateway_url: str | None = None
     """Where a gateway answers (replays go there); None: replay is not available."""
     request_retention: float = 30 * 86400
-    """How long request records are kept, in seconds."""
+    """How long request records are kept, in seconds (the hourly rollups are kept for good)."""
+    gateway_silent_for: float = 10.0
+    """A gateway worker not heard from for this long is gone: its open requests are settled
+    as `interrupted`. Gateways send a batch (empty when idle) every fraction of a second."""
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -72,7 +75,7 @@ def load_settings(path: str | None) -> Settings:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping")
     raw = dict(raw)
-    for name in ("max_key_ttl", "request_retention"):
+    for name in ("max_key_ttl", "request_retention", "gateway_silent_for"):
         if raw.get(name) is not None:
             raw[name] = seconds(raw[name], f"{where}.{name}")
     try:

@@ -343,3 +343,21 @@ async def delete_project(db: Database, actor: str, ref: str) -> ProjectView:
         await bump(tx)
         await audit.record(tx, actor, "project.delete", f"project:{project.path}", project, None)
     return project
+
+
+_PATHS = """
+SELECT o.id, o.name FROM orgs o
+UNION ALL
+SELECT t.id, o.name || '/' || t.name FROM teams t JOIN orgs o ON o.id = t.org_id
+UNION ALL
+SELECT p.id, o.name || '/' || t.name || '/' || p.name
+  FROM projects p JOIN teams t ON t.id = p.team_id JOIN orgs o ON o.id = t.org_id
+"""
+
+
+async def scope_paths(db: Database, ids: list[str]) -> dict[str, str]:
+    """Org, team and project ids -> their paths (`acme`, `acme/ml`, `acme/ml/chat`); ids that
+    no longer exist are left out. Reads the whole (small) tree once rather than building an
+    IN list per call: the tree has thousands of rows, usage reports ask for many ids."""
+    wanted = set(ids)
+    return {r[0]: r[1] for r in await db.fetch(_PATHS) if r[0] in wanted}

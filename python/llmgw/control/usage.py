@@ -1,0 +1,66 @@
+"""Usage on the control plane: ingesting gateways' batches and settling what a dead gateway left.
+
+Attached at start (see `ATTACH` in control/server.py). Ingestion runs as the
+internal route receives a batch; two loops run beside it: settling the open
+requests of gateways gone silent (so a gateway killed with SIGKILL leaves no
+request unaccounted), and pruning request rows past their retention (the
+hourly rollups are kept, so usage reports never lose history).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from llmgw.store import StoreError
+from llmgw.store.snapshot import touch_keys
+from llmgw.store.usage import ingest, prune, settle_stale
+from llmgw.wire import UsageBatch
+
+if TYPE_CHECKING:
+    from .server import ControlPlane
+
+log = logging.getLogger("llmgw.control")
+
+SETTLE_EVERY = 2.0
+PRUNE_EVERY = 3600.0
+
+
+async def attach(cp: ControlPlane) -> None:
+    """Sets `cp.ingest_usage` and starts the settle and prune loops."""
+
+    async def ingest_usage(batch: UsageBatch) -> None:
+        await ingest(cp.db, batch, time.time())
+        if batch.key_last_used:
+            await touch_keys(cp.db, batch.key_last_used)
+
+    cp.ingest_usage = ingest_usage
+    cp.spawn(_settle(cp), "usage-settle")
+    cp.spawn(_prune(cp), "usage-prune")
+
+
+async def _settle(cp: ControlPlane) -> None:
+    while True:
+        await asyncio.sleep(SETTLE_EVERY)
+        try:
+            n = await settle_stale(cp.db, cp.settings.gateway_silent_for, time.time())
+        except StoreError as e:
+            # The store may be restarting; the next pass settles the same rows.
+            log.warning("could not settle open requests of silent gateways: %s", e)
+            continue
+        if n:
+            log.warning("settled %d requests left open by gateways silent for %.0fs as interrupted",
+                        n, cp.settings.gateway_silent_for)
+
+
+async def _prune(cp: ControlPlane) -> None:
+    while True:
+        try:
+            n = await prune(cp.db, time.time() - cp.settings.request_retention)
+            if n:
+                log.info("pruned %d request records older than the retention", n)
+        except StoreError as e:
+            log.warning("could not prune old request records: %s", e)
+        await asyncio.sleep(PRUNE_EVERY)
