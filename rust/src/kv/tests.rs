@@ -106,3 +106,22 @@ fn longest_gallops_and_bisects_exactly() {
     }
     assert_eq!(s.longest(0, |i| keys[i]), 0);
 }
+
+#[test]
+fn extend_keys_chains_content_for_any_block_size() {
+    let t: Vec<u32> = (0..100).map(|x| x * 7919).collect();
+    for bs in [1usize, 3, 16, 17] {
+        let mut k = 5;
+        let want: Vec<u64> = t
+            .chunks_exact(bs)
+            .map(|b| {
+                k = hash::chain(k, hash::content(b));
+                k
+            })
+            .collect();
+        let mut got = vec![1];
+        let last = hash::extend_keys(5, &t, bs, &mut got);
+        assert_eq!(got[1..], want[..]);
+        assert_eq!(last, *want.last().unwrap());
+    }
+}
