@@ -52,14 +52,9 @@ fn fold(a: u64, b: u64) -> u64 {
 #[inline]
 #[must_use]
 pub fn content(tokens: &[u32]) -> u64 {
-    // The common block size, unrolled so that every secret is a constant.
+    // The common block size.
     if let Ok(t) = <&[u32; 16]>::try_from(tokens) {
-        let mut acc = 16u64.wrapping_mul(K[0]);
-        for i in 0..4 {
-            let j = 4 * i;
-            acc = acc.wrapping_add(chunk(i as u64, t[j], t[j + 1], t[j + 2], t[j + 3]));
-        }
-        return acc;
+        return content16(t);
     }
     content_loop(tokens)
 }
@@ -94,6 +89,44 @@ fn chunk(i: u64, t0: u32, t1: u32, t2: u32, t3: u32) -> u64 {
 #[must_use]
 pub fn chain(parent: u64, content: u64) -> u64 {
     fold(parent ^ K[6], content ^ K[7])
+}
+
+/// Appends to `out` the keys of `tokens`' full blocks of `bs` tokens, chained
+/// from `parent`; returns the last key (`parent` when there is no full block).
+///
+/// One loop with `content` inlined: the CPU then overlaps one block's content
+/// multiplies with the previous block's chain step. Calling `content` per
+/// block (it was not inlined) and pushing through a struct field kept 512
+/// blocks at about 2.5 µs, twice this.
+#[inline]
+pub fn extend_keys(parent: u64, tokens: &[u32], bs: usize, out: &mut Vec<u64>) -> u64 {
+    // `extend` over an exact-size iterator writes the keys without a capacity
+    // check or a store of the length per block.
+    let mut k = parent;
+    if bs == 16 {
+        out.extend(tokens.chunks_exact(16).map(|b| {
+            let c = <&[u32; 16]>::try_from(b).map_or_else(|_| content_loop(b), content16);
+            k = chain(k, c);
+            k
+        }));
+    } else if bs > 0 {
+        out.extend(tokens.chunks_exact(bs).map(|b| {
+            k = chain(k, content(b));
+            k
+        }));
+    }
+    k
+}
+
+/// `content` of a 16-token block, unrolled so that every secret is a constant.
+#[inline]
+fn content16(t: &[u32; 16]) -> u64 {
+    let mut acc = 16u64.wrapping_mul(K[0]);
+    for i in 0..4 {
+        let j = 4 * i;
+        acc = acc.wrapping_add(chunk(i as u64, t[j], t[j + 1], t[j + 2], t[j + 3]));
+    }
+    acc
 }
 
 /// The key the first block of a sequence chains onto: one per seed, `LoRA`

@@ -14,6 +14,7 @@
 pub mod decode;
 pub mod hash;
 mod msgpack;
+mod search;
 mod seq;
 mod shard;
 #[cfg(test)]
@@ -245,20 +246,34 @@ impl KvIndex {
         out.clear();
         let mut chain = Chain::new(self.cfg, tokens, lora_id);
         let n = chain.blocks();
-        for rep in self.replicas.iter().flatten() {
-            let best = rep
-                .ranks
-                .iter()
-                .map(|r| r.shard.longest(n, |i| chain.key(i)))
-                .max()
-                .unwrap_or(0);
-            if best > 0 {
-                let tokens = u32::try_from(best)
+        let shards = self
+            .replicas
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| Some((i, r.as_ref()?)))
+            .flat_map(|(i, r)| r.ranks.iter().map(move |k| (i, &k.shard)));
+        search::longest_all(
+            shards,
+            n,
+            |i| chain.key(i),
+            |slot, blocks| {
+                let Some(rep) = self.replicas.get(slot).and_then(Option::as_ref) else {
+                    return;
+                };
+                let tokens = u32::try_from(blocks)
                     .unwrap_or(u32::MAX)
                     .saturating_mul(self.cfg.block_size);
+                // A replica appears once, with the best of its ranks; ranks
+                // beyond the first are rare, so a scan finds the earlier one.
+                if rep.ranks.len() > 1 {
+                    if let Some(e) = out.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &rep.name)) {
+                        e.1 = e.1.max(tokens);
+                        return;
+                    }
+                }
                 out.push((rep.name.clone(), tokens));
-            }
-        }
+            },
+        );
     }
 
     /// `score_into` into a new vector.
@@ -329,20 +344,10 @@ impl<'a> Chain<'a> {
         if self.keys.capacity() == 0 {
             self.keys.reserve_exact(self.blocks());
         }
-        // The chain value stays in a register across the run: going through
-        // `self.last` each block puts a store-to-load delay on the chain.
         let from = self.keys.len() * self.bs;
         let to = ((i + 1) * self.bs).min(self.tokens.len());
-        let mut k = self.last;
-        for block in self
-            .tokens
-            .get(from..to)
-            .unwrap_or_default()
-            .chunks_exact(self.bs)
-        {
-            k = hash::chain(k, hash::content(block));
-            self.keys.push(k);
-        }
+        let tokens = self.tokens.get(from..to).unwrap_or_default();
+        let k = hash::extend_keys(self.last, tokens, self.bs, &mut self.keys);
         self.last = k;
         self.keys.get(i).copied().unwrap_or(k)
     }
@@ -351,11 +356,7 @@ impl<'a> Chain<'a> {
 /// Our keys of one stored run, chained from `start`, into `out`.
 fn run_keys(start: u64, tokens: &[u32], bs: usize, out: &mut Vec<u64>) {
     out.clear();
-    let mut k = start;
-    for block in tokens.chunks_exact(bs) {
-        k = hash::chain(k, hash::content(block));
-        out.push(k);
-    }
+    hash::extend_keys(start, tokens, bs, out);
 }
 
 impl Rank {

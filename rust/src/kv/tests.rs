@@ -106,3 +106,53 @@ fn longest_gallops_and_bisects_exactly() {
     }
     assert_eq!(s.longest(0, |i| keys[i]), 0);
 }
+
+#[test]
+fn extend_keys_chains_content_for_any_block_size() {
+    let t: Vec<u32> = (0..100).map(|x| x * 7919).collect();
+    for bs in [1usize, 3, 16, 17] {
+        let mut k = 5;
+        let want: Vec<u64> = t
+            .chunks_exact(bs)
+            .map(|b| {
+                k = hash::chain(k, hash::content(b));
+                k
+            })
+            .collect();
+        let mut got = vec![1];
+        let last = hash::extend_keys(5, &t, bs, &mut got);
+        assert_eq!(got[1..], want[..]);
+        assert_eq!(last, *want.last().unwrap());
+    }
+}
+
+#[test]
+fn joint_search_matches_each_shard_alone() {
+    let keys: Vec<u64> = (1..=100).collect();
+    let engines: Vec<u64> = (1001..=1100).collect();
+    // Equal, longer, shorter and empty matches, one shard with a tombstone.
+    let lens = [37usize, 37, 100, 1, 0, 64, 37, 99, 2];
+    let mut shards: Vec<Shard> = lens
+        .iter()
+        .map(|&n| {
+            let mut s = Shard::new();
+            if n > 0 {
+                store(&mut s, None, &keys[..n], &engines[..n], 1000);
+            }
+            s
+        })
+        .collect();
+    assert!(shards[6].remove(engines[10]));
+    for n in [0usize, 1, 2, 36, 37, 38, 63, 99, 100] {
+        let mut got = vec![0; shards.len()];
+        super::search::longest_all(
+            shards.iter().enumerate(),
+            n,
+            |i| keys[i],
+            |owner, m| got[owner] = m,
+        );
+        let want: Vec<usize> = shards.iter().map(|s| s.longest(n, |i| keys[i])).collect();
+        assert_eq!(got, want, "n = {n}");
+    }
+    shards.clear();
+}
