@@ -118,3 +118,66 @@ class UsageBatch(msgspec.Struct, kw_only=True):
     finals: list[UsageRecord] = msgspec.field(default_factory=list)
     key_last_used: dict[str, float] = msgspec.field(default_factory=dict)
     """Key id -> latest use seen in this batch (the keys' `last_used_at`)."""
+
+
+# -- limits: POST /internal/v1/leases (JSON) ------------------------------------------
+#
+# A gateway worker forwards a request only against units it holds: a request unit
+# (one admission; rpm counts them) and, where a concurrency limit is set, a slot.
+# It leases them from the control plane's authority in small numbers, so that the
+# sum over every worker and process stays within each limit by construction.
+
+
+class LeaseAsk(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One scope's part of a lease call: what the gateway wants, gives back and reports."""
+
+    scope: str
+    """`key:<key_id>` or `project:<project_id>`."""
+    limits: Limits
+    """The scope's limits as the gateway's snapshot has them (the authority keeps the latest)."""
+    units: int = 0
+    """Request units wanted now."""
+    slots: int = 0
+    """Concurrency slots wanted now."""
+    lease: int = 0
+    """An earlier lease of units that `units_back` refers to (0: none)."""
+    units_back: int = 0
+    """Units of that lease that will not be used (it expired or went idle): the window gets
+    them back. A count, not a delta, so a call repeated after a lost answer counts once."""
+    slots_held: int = 0
+    """Slots this gateway holds for the scope before this call's grant; also a count, so a
+    grant whose answer was lost cannot leak slots."""
+    tokens: int = 0
+    """Tokens (prompt + completion) used by requests that ended since the last call."""
+
+
+class LeaseRequest(msgspec.Struct, kw_only=True):
+    """A gateway worker's lease call; also its heartbeat while it holds slots."""
+
+    gateway_id: str
+    asks: list[LeaseAsk] = msgspec.field(default_factory=list)
+
+
+class LeaseGrant(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The authority's answer for one scope."""
+
+    scope: str
+    lease: int = 0
+    """The id of the units granted, for giving back the unused ones."""
+    units: int = 0
+    """Request units granted; usable until `ttl` seconds from the answer."""
+    slots: int = 0
+    """Slots granted; held until reported given back (or reclaimed when the gateway goes silent)."""
+    ttl: float = 0.0
+    denied: str | None = None
+    """The limit that refused what was asked: rpm, tpm, concurrency or budget."""
+    retry_after: float | None = None
+    """Seconds until that limit frees (for Retry-After)."""
+
+
+class LeaseReply(msgspec.Struct, kw_only=True):
+    """The answer to a LeaseRequest: one grant per ask, in the same order."""
+
+    grants: list[LeaseGrant] = msgspec.field(default_factory=list)
+    heartbeat: float = 1.0
+    """Call again at least this often while holding slots, or they are reclaimed."""

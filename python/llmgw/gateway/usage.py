@@ -2,8 +2,13 @@
 
 The request path only appends to a list. A flush task writes the batch every
 `interval` seconds; `close()` writes what is left, so a clean shutdown loses
-nothing. Today the sink is a JSON-lines file; the store issue puts the control
-plane behind the same `UsageSink.record` seam.
+nothing. Two destinations, either or both: a JSON-lines file (`usage_log`), and
+the control plane (`ship`): a `UsageBatch` of the requests forwarded since the
+last batch (opens), those that ended (finals) and each key's last use, posted to
+POST /internal/v1/usage. A batch the control plane did not take is kept and sent
+again with the next; past `max_pending` records new ones are dropped and counted,
+so an outage cannot exhaust the worker's memory (the opens already sent are then
+settled by the control plane as `interrupted`).
 """
 
 from __future__ import annotations
@@ -11,29 +16,61 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from llmgw.wire import UsageRecord
+from llmgw.wire import UsageBatch, UsageOpen, UsageRecord
 
 log = logging.getLogger("llmgw.gateway")
 
-__all__ = ["UsageRecord", "UsageSink"]
+__all__ = ["UsageOpen", "UsageRecord", "UsageSink"]
+
+Ship = Callable[[bytes], Awaitable[None]]
+
+CLOSE_DEADLINE = 5.0
+"""Longest a clean shutdown keeps trying to hand the last batch to the control plane."""
 
 
 class UsageSink:
     """Collects records and writes them in batches."""
 
-    def __init__(self, path: str | None, interval: float = 0.5) -> None:
+    def __init__(self, path: str | None, interval: float = 0.5, *, ship: Ship | None = None,
+                 gateway_id: str = "", max_pending: int = 200_000) -> None:
         self.path = path
         self.interval = interval
+        self.ship = ship
+        """Posts one encoded UsageBatch to the control plane; None writes the file only."""
+        self.gateway_id = gateway_id
+        self.max_pending = max_pending
         self.pending: list[UsageRecord] = []
+        self.opens: list[UsageOpen] = []
+        self.finals: list[UsageRecord] = []
+        self.last_used: dict[str, float] = {}
+        self.dropped = 0
         self._task: asyncio.Task[None] | None = None
         self._encoder = msgspec.json.Encoder()
 
     def record(self, rec: UsageRecord) -> None:
-        """Queues one record; never blocks, never awaits."""
-        self.pending.append(rec)
+        """Queues one finished request; never blocks, never awaits."""
+        if self.path is not None:
+            self.pending.append(rec)
+        if self.ship is not None:
+            if len(self.finals) + len(self.opens) >= self.max_pending:
+                self.dropped += 1
+                return
+            self.finals.append(rec)
+            if rec.key_id is not None:
+                self.last_used[rec.key_id] = rec.started_at
+
+    def open(self, rec: UsageOpen) -> None:
+        """Queues a request just forwarded (control plane only); never blocks."""
+        if self.ship is None:
+            return
+        if len(self.finals) + len(self.opens) >= self.max_pending:
+            self.dropped += 1
+            return
+        self.opens.append(rec)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Starts the periodic flush."""
@@ -44,9 +81,10 @@ class UsageSink:
         while True:
             await asyncio.sleep(self.interval)
             self.flush()
+            await self.send()
 
     def flush(self) -> None:
-        """Writes what is pending."""
+        """Writes what is pending to the file."""
         if not self.pending:
             return
         batch, self.pending = self.pending, []
@@ -64,6 +102,35 @@ class UsageSink:
             log.error("cannot write usage records to %s (%s); keeping %d for the next try", self.path, e, len(batch))
             self.pending[:0] = batch
 
+    async def send(self) -> bool:
+        """Posts what is pending to the control plane; False when it must be tried again."""
+        if self.ship is None:
+            return True
+        if self.dropped:
+            log.error("usage: %d records dropped: the control plane has not taken any for a while and %d "
+                      "are waiting (usage_max_pending)", self.dropped, self.max_pending)
+            self.dropped = 0
+        if not (self.opens or self.finals or self.last_used):
+            return True
+        batch = UsageBatch(gateway_id=self.gateway_id, opens=self.opens, finals=self.finals,
+                           key_last_used=self.last_used)
+        self.opens, self.finals, self.last_used = [], [], {}
+        try:
+            await self.ship(self._encoder.encode(batch))
+            return True
+        except BaseException as e:
+            # Kept, ahead of what came meanwhile: the control plane counts each request once
+            # whatever the repetition, so sending a batch twice is harmless; losing it is not.
+            self.opens[:0] = batch.opens
+            self.finals[:0] = batch.finals
+            for k, t in batch.key_last_used.items():
+                self.last_used[k] = max(t, self.last_used.get(k, t))
+            if not isinstance(e, Exception):
+                raise
+            log.warning("usage: cannot post %d records to the control plane (%s); kept for the next try",
+                        len(batch.opens) + len(batch.finals), e)
+            return False
+
     async def close(self) -> None:
         """Stops the flush task and writes everything that is left."""
         if self._task is not None:
@@ -74,3 +141,10 @@ class UsageSink:
                 pass
             self._task = None
         self.flush()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_DEADLINE
+        while not await self.send() and loop.time() < deadline:
+            await asyncio.sleep(0.1)  # back-off before the next try, bounded by the deadline
+        left = len(self.opens) + len(self.finals)
+        if left:
+            log.error("usage: %d records could not reach the control plane before shutdown", left)
