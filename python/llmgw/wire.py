@@ -12,6 +12,10 @@ from typing import Annotated, Literal
 import msgspec
 
 Count = Annotated[int, msgspec.Meta(ge=1)]
+
+NULL = msgspec.Raw(b"null")
+"""An absent raw JSON value. msgspec cannot decode `Raw | None` (a union with Raw only
+accepts null), so raw fields are plain `Raw` and `NULL` stands for None: compare with ==."""
 Period = Literal["day", "week", "month"]
 
 
@@ -80,17 +84,19 @@ class UsageRecord(msgspec.Struct, omit_defaults=False, kw_only=True):
     finish_reason: str | None
     retries: int
     started_at: float
-    route: msgspec.Raw | None = None
-    """The router's decision: policy, matched prefix, candidates' scores (JSON from Rust)."""
+    route: msgspec.Raw = NULL
+    """The router's decision: policy, matched prefix, candidates' scores (JSON from Rust);
+    NULL when no replica was picked."""
     key_id: str | None = None
     user_id: str | None = None
     project_id: str | None = None
     team_id: str | None = None
     org_id: str | None = None
     """The tenancy path at the time of the request (None without authentication)."""
-    request_body: msgspec.Raw | None = None
+    request_body: msgspec.Raw = NULL
     response_body: bytes | None = None
-    """Kept only when the project keeps bodies and the request did not say no_store."""
+    """Kept only when the project keeps bodies and the request did not say no_store
+    (request_body NULL and response_body None otherwise)."""
 
 
 class UsageOpen(msgspec.Struct, kw_only=True):

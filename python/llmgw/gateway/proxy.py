@@ -18,7 +18,7 @@ import msgspec
 from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
-from llmgw.wire import KeyEntry
+from llmgw.wire import NULL, KeyEntry
 
 from .errors import Kind, error_body, sse_error_event, truncate
 from .replicas import Replica, ReplicaSet
@@ -428,7 +428,7 @@ class Proxy:
             ttft_ms=None if call.ttft is None else round(call.ttft * 1000, 3),
             duration_ms=round(duration * 1000, 3), finish_reason=call.finish,
             retries=call.retries, started_at=call.started_at,
-            route=None if call.route is None else msgspec.Raw(call.route.encode()),
+            route=NULL if call.route is None else msgspec.Raw(call.route.encode()),
             **_principal(call),
         ))
 

@@ -1,0 +1,166 @@
+"""API keys on the gateway, against the control-plane stand-in: 401s, revocation, usage, bodies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from llmgw.wire import NULL, UsageBatch
+from tests.procs import Proc
+
+from .conftest import Gateway
+from .control_stub import ControlStub
+from .cp import CHAT, chat, control, request, start_authed, wait_ready
+
+__all__ = ["control"]  # the fixture, imported for pytest
+
+
+def _err(body: dict[str, object]) -> dict[str, object]:
+    assert set(body) == {"error"}
+    e = body["error"]
+    assert isinstance(e, dict)
+    return e
+
+
+def test_each_refusal_says_why_and_never_echoes_the_key(
+        gateway_factory: Callable[..., Gateway], sim: Proc, control: ControlStub) -> None:
+    key, entry = control.add_key()
+    _, expired = control.add_key(expires_at=time.time() - 5)
+    expired_key = control.keys[-1]
+    assert expired_key is expired
+    gw = start_authed(gateway_factory, sim.url, control)
+    unknown = "sk-llmgw-" + "A" * 40
+    cases = {
+        "missing": (None, {}),
+        "malformed": (None, {"authorization": "Bearer sk-llmgw-short"}),
+        "basic": (None, {"authorization": "Basic " + key}),
+        "unknown": (unknown, {}),
+    }
+    seen = {}
+    for name, (k, headers) in cases.items():
+        status, hdrs, body = chat(gw, k, headers=headers)
+        assert status == 401, name
+        assert "x-request-id" in hdrs
+        e = _err(body)
+        assert e["type"] == "invalid_request_error" and e["code"] == "invalid_api_key" and e["param"] is None
+        assert key not in str(body) and unknown not in str(body)
+        seen[name] = e["message"]
+    assert seen == {
+        "missing": "this gateway requires an API key: send it as the header `Authorization: Bearer "
+                   "sk-llmgw-...` (`llmgw ctl keys issue` makes one)",
+        "malformed": "the Authorization header is not `Bearer sk-llmgw-...` followed by 40 characters; "
+                     "send the whole key as `llmgw ctl keys issue` printed it",
+        "basic": "the Authorization header is not `Bearer sk-llmgw-...` followed by 40 characters; "
+                 "send the whole key as `llmgw ctl keys issue` printed it",
+        "unknown": "the API key is not valid here: it was revoked or never issued by this control plane; "
+                   "ask an operator for a key (`llmgw ctl keys issue`)",
+    }
+    # Expired: a sentence naming the key's id (never the key) and when.
+    status, _, body = chat(gw, None, headers={"authorization": "Bearer " + _key_of(control, expired.key_id)})
+    assert status == 401
+    msg = _err(body)["message"]
+    assert isinstance(msg, str) and msg.startswith(f"the API key {expired.key_id} expired at ")
+    # A key in the query string is refused even with a good header.
+    status, _, body = request(gw.base_url + f"/chat/completions?api_key={key}", CHAT, key)
+    assert status == 401 and "not accepted in the URL" in _err(body)["message"]  # type: ignore[operator]
+    assert key not in str(body)
+    # /v1/models needs a key too; /health does not.
+    assert request(gw.base_url + "/models", None)[0] == 401
+    assert request(gw.base_url + "/models", None, key)[0] == 200
+    assert request(gw.url + "/health", None)[0] == 200
+    assert chat(gw, key)[0] == 200
+    assert key not in gw.proc.output
+
+
+def _key_of(stub: ControlStub, key_id: str) -> str:
+    return stub.plaintext[key_id]
+
+
+def test_not_ready_until_the_first_snapshot(gateway_factory: Callable[..., Gateway], sim: Proc,
+                                            control: ControlStub) -> None:
+    gw = start_authed(gateway_factory, sim.url, control, ready=False)
+    status, hdrs, body = request(gw.url + "/ready", None)
+    assert status == 503 and hdrs["retry-after"] == "1"
+    assert _err(body)["code"] == "not_ready"
+    status, _, body = chat(gw, "sk-llmgw-" + "A" * 40)
+    assert status == 503 and _err(body)["code"] == "not_ready"
+    key, _ = control.add_key()  # publishes the first snapshot
+    wait_ready(gw)
+    assert chat(gw, key)[0] == 200
+
+
+def test_revoked_key_is_refused_within_two_seconds_on_every_worker(
+        gateway_factory: Callable[..., Gateway], sim: Proc, control: ControlStub) -> None:
+    key, entry = control.add_key()
+    workers = 4
+    gw = start_authed(gateway_factory, sim.url, control, {"workers": workers})
+    # Every worker serves the key (each request is a new connection, spread by the kernel).
+    ok: set[str] = set()
+    deadline = time.monotonic() + 30
+    while len(ok) < workers and time.monotonic() < deadline:
+        status, hdrs, _ = chat(gw, key)
+        if status == 200:
+            ok.add(hdrs["x-request-id"][:12])
+    assert len(ok) == workers
+    t0 = time.monotonic()
+    control.revoke(entry.key_id)
+    refused: dict[str, float] = {}
+    late_ok: list[float] = []
+    while len(refused) < workers and time.monotonic() < t0 + 10:
+        status, hdrs, _ = chat(gw, key)
+        worker, at = hdrs["x-request-id"][:12], time.monotonic() - t0
+        if status == 401:
+            refused.setdefault(worker, at)
+        else:
+            assert status == 200
+            late_ok.append(at)
+    assert set(refused) == ok
+    assert max(refused.values()) < 2.0, refused
+    assert all(at < 2.0 for at in late_ok), late_ok
+
+
+def test_usage_batches_carry_opens_finals_and_the_principal(
+        gateway_factory: Callable[..., Gateway], sim: Proc, control: ControlStub) -> None:
+    key, entry = control.add_key()
+    gw = start_authed(gateway_factory, sim.url, control)
+    status, hdrs, _ = chat(gw, key)
+    assert status == 200
+    rid = hdrs["x-request-id"]
+
+    def done(batches: list[UsageBatch]) -> bool:
+        return any(f.request_id == rid for b in batches for f in b.finals)
+
+    batches = control.wait_usage(done)
+    opens = [o for b in batches for o in b.opens if o.request_id == rid]
+    finals = [f for b in batches for f in b.finals if f.request_id == rid]
+    assert len(opens) == 1 and len(finals) == 1
+    o, f = opens[0], finals[0]
+    for rec in (o, f):
+        assert (rec.key_id, rec.user_id, rec.project_id, rec.team_id, rec.org_id) == (
+            entry.key_id, "user_a", "proj_a", "team_a", "org_a")
+    assert o.prompt_estimate > 0
+    assert f.status == "ok" and f.completion_tokens == 2 and f.request_body == NULL and f.response_body is None
+    assert any(entry.key_id in b.key_last_used for b in batches)
+    assert len({b.gateway_id for b in batches}) == 1
+
+
+def test_bodies_kept_only_where_the_project_asks_and_the_request_allows(
+        gateway_factory: Callable[..., Gateway], sim: Proc, control: ControlStub) -> None:
+    key, _ = control.add_key(keep_bodies=True)
+    gw = start_authed(gateway_factory, sim.url, control)
+    rids = {}
+    rids["kept"] = chat(gw, key)[1]["x-request-id"]
+    rids["stream"] = chat(gw, key, {**CHAT, "stream": True})[1]["x-request-id"]
+    rids["header"] = chat(gw, key, headers={"x-llmgw-no-store": "1"})[1]["x-request-id"]
+    rids["field"] = chat(gw, key, {**CHAT, "no_store": True})[1]["x-request-id"]
+    want = set(rids.values())
+    batches = control.wait_usage(lambda bs: want <= {f.request_id for b in bs for f in b.finals})
+    finals = {f.request_id: f for b in batches for f in b.finals}
+    kept = finals[rids["kept"]]
+    assert kept.request_body != NULL and b'"messages"' in bytes(kept.request_body)
+    assert kept.response_body is not None and b'"choices"' in kept.response_body
+    streamed = finals[rids["stream"]]
+    assert streamed.response_body is not None and streamed.response_body.startswith(b"data: ")
+    assert streamed.response_body.rstrip().endswith(b"data: [DONE]")
+    for name in ("header", "field"):
+        assert finals[rids[name]].request_body == NULL and finals[rids[name]].response_body is None
