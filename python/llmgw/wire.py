@@ -135,26 +135,32 @@ class UsageBatch(msgspec.Struct, kw_only=True):
 
 
 class LeaseAsk(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One scope's part of a lease call: what the gateway wants, gives back and reports."""
+    """One scope's part of a lease call: what the gateway wants, gives back and reports.
+
+    What goes back is absolute per lease ("n of lease L will not be used"), not a delta,
+    so a call repeated after a lost answer counts once.
+    """
 
     scope: str
     """`key:<key_id>` or `project:<project_id>`."""
     limits: Limits
     """The scope's limits as the gateway's snapshot has them (the authority keeps the latest)."""
     units: int = 0
-    """Request units wanted now."""
+    """Request units wanted now (scopes with rpm)."""
     slots: int = 0
-    """Concurrency slots wanted now."""
-    lease: int = 0
-    """An earlier lease of units that `units_back` refers to (0: none)."""
-    units_back: int = 0
-    """Units of that lease that will not be used (it expired or went idle): the window gets
-    them back. A count, not a delta, so a call repeated after a lost answer counts once."""
-    slots_held: int = 0
-    """Slots this gateway holds for the scope before this call's grant; also a count, so a
-    grant whose answer was lost cannot leak slots."""
+    """Concurrency slots wanted now (scopes with concurrency)."""
     tokens: int = 0
-    """Tokens (prompt + completion) used by requests that ended since the last call."""
+    """Tokens wanted now (scopes with tpm or a budget): the requests' estimates."""
+    back: dict[int, int] = msgspec.field(default_factory=dict)
+    """Earlier leases (of units or of tokens) -> how much of each will not be used (it expired,
+    went idle, or its requests used less than their estimates)."""
+    tokens_over: int = 0
+    """Tokens used beyond what was leased (requests that used more than their estimates),
+    since the last call: counted in the tpm window and the budget then. Not idempotent:
+    a call repeated after a lost answer counts them twice (refusing early, never late)."""
+    slots_held: int = 0
+    """Slots this gateway holds for the scope before this call's grant (a count, so that a
+    grant whose answer was lost cannot leak slots)."""
 
 
 class LeaseRequest(msgspec.Struct, kw_only=True):
@@ -165,18 +171,22 @@ class LeaseRequest(msgspec.Struct, kw_only=True):
 
 
 class LeaseGrant(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The authority's answer for one scope."""
+    """The authority's answer for one scope: all that was asked (or less), or a refusal."""
 
     scope: str
     lease: int = 0
     """The id of the units granted, for giving back the unused ones."""
     units: int = 0
-    """Request units granted; usable until `ttl` seconds from the answer."""
+    """Request units granted; usable until `ttl` seconds from the call."""
+    tokens_lease: int = 0
+    """The id of the tokens granted."""
+    tokens: int = 0
+    """Tokens granted; usable until `ttl` seconds from the call."""
     slots: int = 0
     """Slots granted; held until reported given back (or reclaimed when the gateway goes silent)."""
     ttl: float = 0.0
     denied: str | None = None
-    """The limit that refused what was asked: rpm, tpm, concurrency or budget."""
+    """The limit that refused what was asked: rpm, tpm, concurrency or budget (nothing granted)."""
     retry_after: float | None = None
     """Seconds until that limit frees (for Retry-After)."""
 

@@ -53,6 +53,19 @@ class State:
             return reply
 
         self.limits.lease = lease_and_tell  # type: ignore[method-assign]
+        self.first_polls = 0
+        """Snapshot long-polls answered to a worker that had none yet (after= absent)."""
+        wait = self.snapshots.wait
+
+        async def wait_and_count(after: int | None, timeout: float = 20.0) -> bytes | None:
+            body = await wait(after, timeout)
+            if after is None and body is not None:
+                with self.cond:
+                    self.first_polls += 1
+                    self.cond.notify_all()
+            return body
+
+        self.snapshots.wait = wait_and_count  # type: ignore[method-assign]
 
     async def ingest_usage(self, batch: UsageBatch) -> None:
         if self.refuse_usage:
@@ -159,6 +172,16 @@ class ControlStub:
                     raise AssertionError(f"usage never matched; {len(self.state.batches)} batches")
                 self.state.cond.wait(left)
             return list(self.state.batches)
+
+    def wait_first_polls(self, n: int, timeout: float = 20.0) -> None:
+        """Waits until n workers got their first snapshot."""
+        deadline = time.monotonic() + timeout
+        with self.state.cond:
+            while self.state.first_polls < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"only {self.state.first_polls} of {n} workers got a snapshot")
+                self.state.cond.wait(left)
 
     def wait_limits(self, pred: Callable[[LimitsAuthority], bool], timeout: float = 10.0) -> None:
         """Waits (woken by each lease call) until `pred(authority)` holds."""

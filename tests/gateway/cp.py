@@ -30,10 +30,15 @@ def control(tmp_path: Path) -> Iterator[ControlStub]:
 
 def start_authed(gateway_factory: Callable[..., Gateway], sim_url: str, stub: ControlStub,
                  config: dict[str, Any] | None = None, *, ready: bool = True) -> Gateway:
-    """A gateway in front of `sim_url` that takes its keys and limits from `stub`."""
+    """A gateway in front of `sim_url` that takes its keys and limits from `stub`.
+
+    With `ready`, returns once every worker has its first snapshot (the stub must have one).
+    """
+    before = stub.state.first_polls
     gw = gateway_factory([f"r1={sim_url}=sim-model"], config or {}, "--control-plane", stub.url,
                          "--data-dir", str(stub.data_dir))
     if ready:
+        stub.wait_first_polls(before + int((config or {}).get("workers", 1)))
         wait_ready(gw)
     return gw
 

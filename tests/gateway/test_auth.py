@@ -24,7 +24,7 @@ def _err(body: dict[str, object]) -> dict[str, object]:
 
 def test_each_refusal_says_why_and_never_echoes_the_key(
         gateway_factory: Callable[..., Gateway], sim: Proc, control: ControlStub) -> None:
-    key, entry = control.add_key()
+    key, _ = control.add_key()
     _, expired = control.add_key(expires_at=time.time() - 5)
     expired_key = control.keys[-1]
     assert expired_key is expired

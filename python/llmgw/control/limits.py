@@ -1,21 +1,22 @@
-"""The limits authority: the one place, in the control plane's memory, where units are counted.
+"""The limits authority: the one place, in the control plane's memory, where limits are counted.
 
-Gateways forward a request only against units leased from here (see `llmgw.wire.LeaseAsk`):
+Gateways forward a request only against what they leased from here (see
+`llmgw.wire.LeaseAsk`), in small amounts, per key and per project:
 
-- a request unit per admission. Every unit granted counts in the scope's 60-second
-  sliding window from the moment it is granted; units a gateway gives back unused
-  leave the window again. So requests forwarded within any 60 s <= rpm, exactly,
-  whatever the number of gateways (a gateway that dies keeps its units counted:
-  the error only ever refuses, never admits).
-- a concurrency slot per request in flight. Slots held over all gateways <= the
-  limit. A gateway that stops calling (`reclaim_after`) loses its slots; this is
-  the one way past a limit: a gateway cut off from the control plane for longer
-  than that while its requests still run.
-- tpm and budgets are gates: units are granted only while the tokens reported in
-  the last 60 s (tpm) or in the period (budget) are under the limit. Tokens are
-  known when a request ends, so both may be passed by the tokens of the requests
-  admitted before the gate closed: those in flight, plus at most one lease of
-  units per gateway, held for at most `ttl` seconds.
+- rpm: request units. A unit counts in the scope's 60-second sliding window from
+  the moment it is granted; units given back unused leave it again. So requests
+  forwarded in any 60 s <= rpm, whatever the number of gateways. A gateway that
+  dies keeps its units counted until they age out: the error only ever refuses.
+- concurrency: slots. Slots held over all gateways <= the limit. A gateway that
+  stops calling for `reclaim_after` seconds loses its slots: the one way past this
+  limit is a gateway cut off from the control plane for longer than that while its
+  requests still run.
+- tpm and budgets: tokens. A request takes its estimate (prompt bytes / 4 +
+  max_tokens) from tokens leased like units (counted in the tpm window and the
+  period's budget when granted, given back when unused); what a request uses beyond
+  its estimate is reported and counted then. Past the limit by at most, per gateway
+  worker and scope, one request (a share with a few tokens left admits one more)
+  plus what requests used beyond their estimate.
 
 Nothing here awaits the database except `used_tokens`, once per scope and budget
 period, for the tokens the period had used before this process started.
@@ -38,6 +39,8 @@ WINDOW = 60.0
 UsedTokens = Callable[[str, float], Awaitable[int]]
 """`used_tokens(scope, period_start)`: tokens a scope used since period_start (the usage rollups)."""
 
+UNITS, TOKENS = 0, 1
+
 
 def period_start(period: str, now: float) -> float:
     """The start (unix seconds, UTC) of the calendar day, ISO week or month holding `now`."""
@@ -51,55 +54,39 @@ def period_start(period: str, now: float) -> float:
 
 def period_end(period: str, start: float) -> float:
     """The start of the period after the one starting at `start`."""
-    d = datetime.fromtimestamp(start, UTC)
     if period == "day":
         return start + 86400.0
     if period == "week":
         return start + 7 * 86400.0
-    days = calendar.monthrange(d.year, d.month)[1]
-    return start + days * 86400.0
+    d = datetime.fromtimestamp(start, UTC)
+    return start + calendar.monthrange(d.year, d.month)[1] * 86400.0
 
 
-@dataclass
-class _Scope:
-    """What one key or project has used, over every gateway."""
+class _Window:
+    """Amounts counted over the last 60 s: [at, counted, granted] entries, oldest first."""
 
-    limits: Limits
-    window: deque[list[float]] = field(default_factory=deque)
-    """[granted_at, units still counted, units granted] per grant, oldest first."""
-    in_window: float = 0
-    tokens: deque[tuple[float, int]] = field(default_factory=deque)
-    tokens_in_window: int = 0
-    slots: dict[str, int] = field(default_factory=dict)
-    """Gateway id -> slots it holds."""
-    slots_held: int = 0
-    budget_start: float | None = None
-    budget_used: int = 0
+    __slots__ = ("entries", "total")
+
+    def __init__(self) -> None:
+        self.entries: deque[list[float]] = deque()
+        self.total = 0.0
 
     def prune(self, now: float) -> None:
         edge = now - WINDOW
-        w = self.window
-        while w and w[0][0] <= edge:
-            self.in_window -= w.popleft()[1]
-        t = self.tokens
-        while t and t[0][0] <= edge:
-            self.tokens_in_window -= t.popleft()[1]
+        e = self.entries
+        while e and e[0][0] <= edge:
+            self.total -= e.popleft()[1]
 
-    def rpm_frees_in(self, need: float, now: float) -> float:
-        """Seconds until `need` more units fit in the rpm window."""
-        rpm = self.limits.rpm or 0
-        excess = self.in_window + need - rpm
-        for granted_at, n in self.window:
-            excess -= n
-            if excess <= 0:
-                return max(granted_at + WINDOW - now, 0.001)
-        return WINDOW
+    def add(self, now: float, n: float) -> list[float]:
+        entry = [now, n, n]
+        self.entries.append(entry)
+        self.total += n
+        return entry
 
-    def tpm_frees_in(self, now: float) -> float:
-        """Seconds until the tokens of the last minute drop under tpm."""
-        tpm = self.limits.tpm or 0
-        excess = self.tokens_in_window - tpm + 1
-        for at, n in self.tokens:
+    def frees_in(self, limit: float, need: float, now: float) -> float:
+        """Seconds until `need` more fit under `limit`."""
+        excess = self.total + need - limit
+        for at, n, _ in self.entries:
             excess -= n
             if excess <= 0:
                 return max(at + WINDOW - now, 0.001)
@@ -107,22 +94,52 @@ class _Scope:
 
 
 @dataclass
+class _Scope:
+    """What one key or project has used, over every gateway."""
+
+    limits: Limits
+    units: _Window = field(default_factory=_Window)
+    tokens: _Window = field(default_factory=_Window)
+    slots: dict[str, int] = field(default_factory=dict)
+    """Gateway id -> slots it holds."""
+    slots_held: int = 0
+    budget_start: float | None = None
+    budget_used: float = 0
+
+    def budget_add(self, n: float, now: float) -> None:
+        lim = self.limits
+        if lim.budget_tokens is None:
+            return
+        start = period_start(lim.budget_period, now)
+        if self.budget_start != start:
+            self.budget_start, self.budget_used = start, 0
+        self.budget_used += n
+
+    def budget_left(self, now: float) -> float | None:
+        lim = self.limits
+        if lim.budget_tokens is None:
+            return None
+        start = period_start(lim.budget_period, now)
+        used = self.budget_used if self.budget_start == start else 0
+        return lim.budget_tokens - used
+
+
+@dataclass
 class _Gateway:
     last_seen: float
-    leases: dict[int, list[float]] = field(default_factory=dict)
-    """Lease id -> [granted_at, units counted, units granted] (the entry in the scope's
-    window is the same list), oldest first, kept while in the window."""
+    leases: dict[int, tuple[_Scope, int, list[float]]] = field(default_factory=dict)
+    """Lease id -> (scope, UNITS or TOKENS, its window entry), oldest first, kept 60 s."""
 
 
 class LimitsAuthority:
-    """Grants request units and concurrency slots so that no limit is passed over all gateways."""
+    """Grants units, tokens and slots so that no limit is passed over all gateways."""
 
     def __init__(self, used_tokens: UsedTokens | None = None, *, ttl: float = 1.0,
                  reclaim_after: float = 5.0, heartbeat: float = 1.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.used_tokens = used_tokens
         self.ttl = ttl
-        """How long granted units may be used; bounds how long a closed gate still admits."""
+        """How long granted units and tokens may be used before they go back."""
         self.reclaim_after = reclaim_after
         self.heartbeat = heartbeat
         self.clock = clock
@@ -146,7 +163,7 @@ class LimitsAuthority:
         return self.lease_now(req, self.clock())
 
     def lease_now(self, req: LeaseRequest, now: float) -> LeaseReply:
-        """The synchronous core of `lease`: budgets not yet loaded start from 0."""
+        """The synchronous core of `lease` (budgets not loaded start from 0)."""
         self.sweep(now)
         gw = self.gateways.get(req.gateway_id)
         if gw is None:
@@ -155,7 +172,7 @@ class LimitsAuthority:
         leases = gw.leases
         while leases:
             first = next(iter(leases))
-            if leases[first][0] > now - WINDOW:
+            if leases[first][2][0] > now - WINDOW:
                 break
             del leases[first]
         grants = [self._one(gw, req.gateway_id, ask, now) for ask in req.asks]
@@ -169,19 +186,33 @@ class LimitsAuthority:
             sc.limits = limits
         return sc
 
+    def _give_back(self, gw: _Gateway, lease: int, unused: int, now: float) -> None:
+        held = gw.leases.get(lease)
+        if held is None:
+            return
+        sc, kind, entry = held
+        counted = entry[2] - min(unused, entry[2])
+        if counted >= entry[1]:
+            return  # only ever counted down: a repeated call changes nothing
+        back = entry[1] - counted
+        entry[1] = counted
+        window = sc.units if kind == UNITS else sc.tokens
+        if entry[0] > now - WINDOW:
+            window.total -= back
+        if kind == TOKENS and sc.budget_start == period_start(sc.limits.budget_period, entry[0]):
+            sc.budget_used -= back
+
     def _one(self, gw: _Gateway, gid: str, ask: LeaseAsk, now: float) -> LeaseGrant:
         sc = self._scope(ask.scope, ask.limits)
-        sc.prune(now)
+        sc.units.prune(now)
+        sc.tokens.prune(now)
         lim = sc.limits
-        # Given back and reported first: they may make room for what is asked.
-        if ask.lease:
-            entry = gw.leases.get(ask.lease)
-            if entry is not None:
-                counted = entry[2] - min(ask.units_back, entry[2])
-                if counted < entry[1]:  # never counted back up: units handed out stay handed out
-                    if entry[0] > now - WINDOW:
-                        sc.in_window -= entry[1] - counted
-                    entry[1] = counted
+        # What comes back and what is reported first: it may make room for what is asked.
+        for lease, unused in ask.back.items():
+            self._give_back(gw, lease, unused, now)
+        if ask.tokens_over > 0:
+            sc.tokens.add(now, ask.tokens_over)
+            sc.budget_add(ask.tokens_over, now)
         held = sc.slots.get(gid, 0)
         if ask.slots_held != held:
             sc.slots_held += ask.slots_held - held
@@ -189,56 +220,52 @@ class LimitsAuthority:
                 sc.slots[gid] = ask.slots_held
             else:
                 sc.slots.pop(gid, None)
-        if ask.tokens > 0:
-            sc.tokens.append((now, ask.tokens))
-            sc.tokens_in_window += ask.tokens
-            if lim.budget_tokens is not None:
-                start = period_start(lim.budget_period, now)
-                if sc.budget_start != start:
-                    sc.budget_start, sc.budget_used = start, 0
-                sc.budget_used += ask.tokens
         grant = LeaseGrant(scope=ask.scope)
-        if ask.units <= 0 and ask.slots <= 0:
-            return grant
-        denied = self._gate(sc, now)
-        if denied is not None:
-            grant.denied, grant.retry_after = denied
-            return grant
+        # All or nothing: a request needs every kind it asks for, and a part granted
+        # alone would sit unused in the gateway while refusing others.
+        slots = units = tokens = 0
         if ask.slots > 0 and lim.concurrency is not None:
-            free = lim.concurrency - sc.slots_held
-            if free <= 0:
+            slots = min(ask.slots, lim.concurrency - sc.slots_held)
+            if slots <= 0:
                 grant.denied, grant.retry_after = "concurrency", 1.0
                 return grant
-            # Slots first: a request needs both, and a slot refused must not burn a unit.
-            grant.slots = min(ask.slots, free)
-        if ask.units > 0:
-            units = ask.units
-            if lim.rpm is not None:
-                units = min(units, int(lim.rpm - sc.in_window))
-                if units <= 0:
-                    grant.slots = 0
-                    grant.denied, grant.retry_after = "rpm", sc.rpm_frees_in(1, now)
+        if ask.units > 0 and lim.rpm is not None:
+            units = min(ask.units, int(lim.rpm - sc.units.total))
+            if units <= 0:
+                grant.denied, grant.retry_after = "rpm", sc.units.frees_in(lim.rpm, 1, now)
+                return grant
+        if ask.tokens > 0:
+            tokens = ask.tokens
+            left = sc.budget_left(now)
+            if left is not None:
+                if left < 1:
+                    end = period_end(lim.budget_period, period_start(lim.budget_period, now))
+                    grant.denied, grant.retry_after = "budget", max(end - now, 1.0)
                     return grant
-            self._next_lease += 1
-            entry = [now, float(units), float(units)]
-            sc.window.append(entry)
-            sc.in_window += units
-            gw.leases[self._next_lease] = entry
-            grant.lease, grant.units, grant.ttl = self._next_lease, units, self.ttl
-        if grant.slots:
-            sc.slots[gid] = sc.slots.get(gid, 0) + grant.slots
-            sc.slots_held += grant.slots
+                tokens = min(tokens, int(left))
+            if lim.tpm is not None:
+                room = int(lim.tpm - sc.tokens.total)
+                if room < 1:
+                    grant.denied, grant.retry_after = "tpm", sc.tokens.frees_in(lim.tpm, 1, now)
+                    return grant
+                tokens = min(tokens, room)
+        if slots:
+            sc.slots[gid] = sc.slots.get(gid, 0) + slots
+            sc.slots_held += slots
+            grant.slots = slots
+        if units:
+            grant.lease, grant.units = self._record(gw, sc, UNITS, sc.units.add(now, units)), units
+        if tokens:
+            sc.budget_add(tokens, now)
+            grant.tokens_lease, grant.tokens = self._record(gw, sc, TOKENS, sc.tokens.add(now, tokens)), tokens
+        if units or tokens:
+            grant.ttl = self.ttl
         return grant
 
-    def _gate(self, sc: _Scope, now: float) -> tuple[str, float] | None:
-        lim = sc.limits
-        if lim.budget_tokens is not None:
-            start = period_start(lim.budget_period, now)
-            if sc.budget_start == start and sc.budget_used >= lim.budget_tokens:
-                return "budget", max(period_end(lim.budget_period, start) - now, 1.0)
-        if lim.tpm is not None and sc.tokens_in_window >= lim.tpm:
-            return "tpm", sc.tpm_frees_in(now)
-        return None
+    def _record(self, gw: _Gateway, sc: _Scope, kind: int, entry: list[float]) -> int:
+        self._next_lease += 1
+        gw.leases[self._next_lease] = (sc, kind, entry)
+        return self._next_lease
 
     def sweep(self, now: float) -> None:
         """Reclaims the slots of gateways not heard from for `reclaim_after` seconds."""
@@ -246,8 +273,7 @@ class LimitsAuthority:
         for gid in [g for g, st in self.gateways.items() if st.last_seen < edge]:
             del self.gateways[gid]
             for sc in self.scopes.values():
-                held = sc.slots.pop(gid, 0)
-                sc.slots_held -= held
+                sc.slots_held -= sc.slots.pop(gid, 0)
 
     def in_flight(self, scope: str) -> int:
         """Slots held for a scope over all gateways."""
@@ -259,5 +285,18 @@ class LimitsAuthority:
         sc = self.scopes.get(scope)
         if sc is None:
             return 0
-        sc.prune(self.clock())
-        return sc.in_window
+        sc.units.prune(self.clock())
+        return sc.units.total
+
+    def window_tokens(self, scope: str) -> float:
+        """Tokens counted in a scope's current 60 s window."""
+        sc = self.scopes.get(scope)
+        if sc is None:
+            return 0
+        sc.tokens.prune(self.clock())
+        return sc.tokens.total
+
+    def budget_used(self, scope: str) -> float:
+        """Tokens counted in the scope's current budget period (granted + over - returned)."""
+        sc = self.scopes.get(scope)
+        return 0 if sc is None else sc.budget_used

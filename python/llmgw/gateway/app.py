@@ -48,6 +48,10 @@ _NOT_FORWARDED = frozenset({
 
 _REQUEST_ID_MAX = 128
 
+# A request's token estimate for tpm and budgets when it sets no max_tokens: what it
+# really used is settled when it ends, so this only decides how much is held meanwhile.
+DEFAULT_COMPLETION_ESTIMATE = 256
+
 _REFUSED: Final = object()
 """What `_principal` returns when it has already answered 401 or 503."""
 
@@ -235,7 +239,9 @@ class Gateway:
             keep = original
         ticket = FREE
         if self.limiter is not None and entry is not None:
-            got = await self._admit(protocol, rid, entry, model)
+            completion = 0 if scope.path == "/v1/embeddings" else (
+                head.max_completion_tokens or head.max_tokens or DEFAULT_COMPLETION_ESTIMATE)
+            got = await self._admit(protocol, rid, entry, model, len(data) // 4 + completion)
             if got is None:
                 return None
             ticket = got
@@ -248,12 +254,12 @@ class Gateway:
             if self.limiter is not None:
                 self.limiter.release(ticket, call.prompt + call.completion)
 
-    async def _admit(self, protocol: Any, rid: str, entry: Any, model: str) -> Ticket | None:
+    async def _admit(self, protocol: Any, rid: str, entry: Any, model: str, cost: int) -> Ticket | None:
         """A ticket from the limits, or None once answered 429/503."""
         assert self.limiter is not None and self.keys is not None
         project = self.keys.projects.get(entry.project_id)
         try:
-            return self.limiter.take(entry, project) or await self.limiter.acquire(entry, project)
+            return self.limiter.take(entry, project, cost) or await self.limiter.acquire(entry, project, cost)
         except Denied as d:
             kind = Kind.TOKENS_LIMITED if d.limit in ("tpm", "budget") else Kind.RATE_LIMITED
             retry = max(1, math.ceil(d.retry_after))

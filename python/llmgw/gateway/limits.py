@@ -1,16 +1,16 @@
-"""Limits on the request path: forward only against units leased from the control plane.
+"""Limits on the request path: forward only against what was leased from the control plane.
 
 Per scope (a key, a project) a worker holds a `Share`: request units from its
-latest lease (usable for the lease's ttl) and concurrency slots. A request takes
-one unit, and one slot where a concurrency limit is set, from its key's share
-and its project's share, synchronously when both have them. Otherwise it waits
-for the next lease call: one call at a time per worker carries what every waiting
+latest lease (rpm), concurrency slots, and a lease of tokens (tpm, budgets) from
+which each request takes its estimate. A request takes what its key's share and
+its project's share need, synchronously when both have it. Otherwise it waits for
+the next lease call: one call at a time per worker carries what every waiting
 request needs, bounded by `wait`; then the fail mode applies (`Unavailable`).
 
-A background loop gives back what is not used (expired units, slots idle for
-`idle_return`), reports the tokens of finished requests (tpm, budgets) and keeps
-the authority hearing from this worker while it holds slots. The authority's
-module (`llmgw.control.limits`) says what each limit guarantees.
+A background loop gives back what is not used (expired or idle units, slots idle
+for `idle_return`, token leases once their requests settled), reports tokens used
+beyond the estimates, and keeps the authority hearing from this worker while it
+holds slots. `llmgw.control.limits` says what each limit guarantees.
 """
 
 from __future__ import annotations
@@ -28,11 +28,14 @@ Lease = Callable[[LeaseRequest], Awaitable[LeaseReply]]
 
 NO_LIMITS = Limits()
 
-# How long a refusal is answered locally without asking again. Short for concurrency
+# How long a refusal is answered locally without asking again: short for concurrency
 # (a slot frees whenever a request ends), up to a second for the others, whose
 # authority gave an exact time.
 _DENIAL_CACHE = {"concurrency": 0.05}
 _DENIAL_CACHE_MAX = 1.0
+
+_WHAT = {"rpm": "requests per minute", "tpm": "tokens per minute", "concurrency": "concurrent requests",
+         "budget": "token budget"}
 
 
 class Denied(Exception):
@@ -43,21 +46,32 @@ class Denied(Exception):
         self.limit = limit
         self.retry_after = retry_after
         kind, _, ident = scope.partition(":")
-        what = {"rpm": "requests per minute", "tpm": "tokens per minute",
-                "concurrency": "concurrent requests", "budget": "token budget"}.get(limit, limit)
-        super().__init__(f"the {what} limit of {kind} {ident} is reached; it frees in {retry_after:.1f}s")
+        super().__init__(f"the {_WHAT.get(limit, limit)} limit of {kind} {ident} is reached; "
+                         f"it frees in {retry_after:.1f}s")
 
 
 class Unavailable(Exception):
     """The authority did not answer in time: the fail mode decides."""
 
 
-class Share:
-    """What this worker holds for one scope."""
+class TokenLease:
+    """Tokens leased for one scope; requests take their estimates and settle what they used."""
 
-    __slots__ = ("denied", "denied_until", "last_used", "lease", "lease_back", "limits", "retry_at",
-                 "scope", "slots_free", "slots_held", "tokens", "units", "units_back", "units_until",
-                 "want_slots", "want_units")
+    __slots__ = ("balance", "id", "in_flight", "until")
+
+    def __init__(self, lease_id: int, tokens: int, until: float) -> None:
+        self.id = lease_id
+        self.balance = tokens
+        self.until = until
+        self.in_flight = 0
+
+
+class Share:
+    """What this worker holds for one scope: units (rpm), slots (concurrency), tokens (tpm, budget)."""
+
+    __slots__ = ("back", "denied", "denied_until", "last_used", "lease", "limits", "retired", "retry_at",
+                 "scope", "slots_free", "slots_held", "tok", "tok_over", "units", "units_until",
+                 "want_slots", "want_tokens", "want_units")
 
     def __init__(self, scope: str, limits: Limits) -> None:
         self.scope = scope
@@ -65,42 +79,63 @@ class Share:
         self.units = 0
         self.units_until = 0.0
         self.lease = 0
-        self.lease_back = 0
-        """The lease whose unused units are being given back, and how many."""
-        self.units_back = 0
         self.slots_free = 0
         self.slots_held = 0
-        self.tokens = 0
+        self.tok: TokenLease | None = None
+        """The token lease new requests take from."""
+        self.retired: list[TokenLease] = []
+        """Token leases no longer taken from, waiting for their requests to settle."""
+        self.back: dict[int, int] = {}
+        """Lease id -> what of it goes back, until the authority acknowledged it."""
+        self.tok_over = 0
         self.want_units = 0
         self.want_slots = 0
+        self.want_tokens = 0
         self.denied: str | None = None
         self.denied_until = 0.0
         self.retry_at = 0.0
         self.last_used = 0.0
 
-    def lacks(self, now: float) -> bool:
-        """True when a request cannot be admitted from what is held."""
-        if self.units <= 0 or self.units_until <= now:
-            return True
-        return self.limits.concurrency is not None and self.slots_free <= 0
+    @property
+    def metered(self) -> bool:
+        """Tokens are leased for this scope (it has a tpm or a budget)."""
+        return self.limits.tpm is not None or self.limits.budget_tokens is not None
+
+    def needs(self, now: float) -> tuple[bool, bool, bool]:
+        """(units, slot, tokens): what a request would have to wait for."""
+        lim = self.limits
+        tok = self.tok
+        return (
+            lim.rpm is not None and (self.units <= 0 or self.units_until <= now),
+            lim.concurrency is not None and self.slots_free <= 0,
+            # A balance above 0 admits one more request even when its estimate is larger:
+            # the bound `llmgw.control.limits` states (one request per worker and scope).
+            self.metered and (tok is None or tok.balance <= 0 or tok.until <= now),
+        )
 
     def batch(self) -> int:
         """Units to ask for at once: a small part of the rpm, so idle shares strand little."""
-        rpm = self.limits.rpm
-        return 32 if rpm is None else max(1, min(rpm // 30, 32))
+        return max(1, min((self.limits.rpm or 0) // 30, 32))
+
+    def token_batch(self) -> int:
+        """Tokens to ask for beyond what the waiting requests need."""
+        lim = self.limits
+        limit = min(x for x in (lim.tpm, lim.budget_tokens, 1 << 40) if x is not None)
+        return max(1, min(limit // 30, 100_000))
 
 
 class Ticket:
     """What one admitted request holds; given back by `Limiter.release`."""
 
-    __slots__ = ("shares", "slotted")
+    __slots__ = ("cost", "leases", "slotted")
 
-    def __init__(self, shares: tuple[Share, ...], slotted: tuple[Share, ...]) -> None:
-        self.shares = shares
+    def __init__(self, slotted: tuple[Share, ...], leases: tuple[TokenLease, ...] = (), cost: int = 0) -> None:
         self.slotted = slotted
+        self.leases = leases
+        self.cost = cost
 
 
-FREE = Ticket((), ())
+FREE = Ticket(())
 """The ticket of a request no limit applies to (or admitted by the fail-open mode)."""
 
 
@@ -140,10 +175,11 @@ class Limiter:
             out += (ps,)
         return out
 
-    def take(self, entry: KeyEntry, project: Limits | None) -> Ticket | None:
+    def take(self, entry: KeyEntry, project: Limits | None, cost: int = 1) -> Ticket | None:
         """Admits the request from what is held (no await), or None when a lease call is needed.
 
-        Raises Denied while a refusal from the authority still holds.
+        `cost` is the request's token estimate (tpm, budgets). Raises Denied while a
+        refusal from the authority still holds.
         """
         shares = self._shares(entry, project)
         if not shares:
@@ -151,22 +187,30 @@ class Limiter:
         now = self.clock()
         lacking = False
         for s in shares:
-            if s.lacks(now):
+            if any(s.needs(now)):
                 if s.denied_until > now and s.denied is not None:
                     raise Denied(s.scope, s.denied, max(s.retry_at - now, 0.0))
                 lacking = True
         if lacking:
             return None
         slotted: tuple[Share, ...] = ()
+        leases: tuple[TokenLease, ...] = ()
         for s in shares:
-            s.units -= 1
             s.last_used = now
-            if s.limits.concurrency is not None:
+            lim = s.limits
+            if lim.rpm is not None:
+                s.units -= 1
+            if lim.concurrency is not None:
                 s.slots_free -= 1
                 slotted += (s,)
-        return Ticket(shares, slotted)
+            tok = s.tok
+            if tok is not None and s.metered:
+                tok.balance -= cost
+                tok.in_flight += 1
+                leases += (tok,)
+        return Ticket(slotted, leases, cost)
 
-    async def acquire(self, entry: KeyEntry, project: Limits | None) -> Ticket:
+    async def acquire(self, entry: KeyEntry, project: Limits | None, cost: int = 1) -> Ticket:
         """Admits the request, waiting for lease calls for at most `wait` seconds.
 
         Raises Denied (429) or Unavailable (no answer in time: the fail mode decides).
@@ -174,15 +218,15 @@ class Limiter:
         deadline = self.clock() + self.wait
         loop = asyncio.get_running_loop()
         while True:
-            ticket = self.take(entry, project)
+            ticket = self.take(entry, project, cost)
             if ticket is not None:
                 return ticket
             now = self.clock()
             for s in self._shares(entry, project):
-                if s.units <= 0 or s.units_until <= now:
-                    s.want_units += 1
-                if s.limits.concurrency is not None and s.slots_free <= 0:
-                    s.want_slots += 1
+                units, slot, tokens = s.needs(now)
+                s.want_units += units
+                s.want_slots += slot
+                s.want_tokens += cost if tokens else 0
             if self._round is None:
                 self._round = loop.create_future()
             fut = self._round
@@ -198,12 +242,17 @@ class Limiter:
                 raise Unavailable("the control plane cannot be reached")
 
     def release(self, ticket: Ticket, tokens: int) -> None:
-        """The request ended (whatever way): its slots come back, its tokens are reported."""
+        """The request ended (whatever way): its slots come back, its tokens are settled.
+
+        `tokens` is what it used (prompt + completion); the difference to its estimate
+        goes back to the token lease it took from.
+        """
         for s in ticket.slotted:
             s.slots_free += 1
-        if tokens:
-            for s in ticket.shares:
-                s.tokens += tokens
+        diff = ticket.cost - tokens
+        for tok in ticket.leases:
+            tok.balance += diff
+            tok.in_flight -= 1
 
     def in_flight(self) -> int:
         """Slots in use by requests of this worker, over all scopes (0 when idle)."""
@@ -220,25 +269,49 @@ class Limiter:
             self._kick.clear()
             await self.round_trip()
 
+    def _settle(self, s: Share, now: float) -> bool:
+        """Moves what is unused into `back`; True when the authority must hear of it."""
+        quiet = now - s.last_used >= self.idle_return
+        tell = False
+        if s.units and (s.units_until <= now or quiet):
+            s.back[s.lease] = s.units
+            s.units = 0
+        tok = s.tok
+        if tok is not None and (tok.until <= now or quiet or tok.balance <= 0):
+            s.retired.append(tok)
+            s.tok = None
+        if s.retired:
+            keep = []
+            for t in s.retired:
+                if t.in_flight:
+                    keep.append(t)
+                elif t.balance > 0:
+                    s.back[t.id] = t.balance
+                elif t.balance < 0:
+                    s.tok_over -= t.balance
+            s.retired = keep
+        if s.slots_free and not s.want_slots and quiet:
+            s.slots_held -= s.slots_free
+            s.slots_free = 0
+            tell = True
+        return tell
+
     def _collect(self, now: float) -> list[tuple[Share, LeaseAsk]]:
         asks: list[tuple[Share, LeaseAsk]] = []
         heartbeat = now - self._last_call >= self.heartbeat / 2
         for d in (self.keys, self.projects):
             for s in d.values():
-                if s.units and (s.units_until <= now or now - s.last_used >= self.idle_return):
-                    s.lease_back, s.units_back, s.units = s.lease, s.units, 0
-                if s.slots_free and not s.want_slots and now - s.last_used >= self.idle_return:
-                    s.slots_held -= s.slots_free
-                    s.slots_free = 0
-                    heartbeat = True  # the authority must learn of it
-                if not (s.want_units or s.want_slots or s.units_back or s.tokens or (heartbeat and s.slots_held)):
+                tell = self._settle(s, now)
+                if not (s.want_units or s.want_slots or s.want_tokens or s.back or s.tok_over or tell
+                        or (heartbeat and s.slots_held)):
                     continue
-                ask = LeaseAsk(scope=s.scope, limits=s.limits, slots_held=s.slots_held, tokens=s.tokens,
-                               units=max(s.want_units, s.batch()) if s.want_units else 0,
-                               slots=s.want_slots, lease=s.lease_back if s.units_back else 0,
-                               units_back=s.units_back)
-                s.want_units = s.want_slots = 0
-                asks.append((s, ask))
+                asks.append((s, LeaseAsk(
+                    scope=s.scope, limits=s.limits, slots_held=s.slots_held, slots=s.want_slots,
+                    units=max(s.want_units, s.batch()) if s.want_units else 0,
+                    tokens=s.want_tokens + s.token_batch() if s.want_tokens else 0,
+                    back=dict(s.back), tokens_over=s.tok_over,
+                )))
+                s.want_units = s.want_slots = s.want_tokens = 0
         return asks
 
     async def round_trip(self) -> None:
@@ -263,25 +336,31 @@ class Limiter:
         self._last_call = now
         self.heartbeat = reply.heartbeat
         for (s, ask), g in zip(asks, reply.grants, strict=False):
-            s.tokens -= ask.tokens
-            if ask.units_back and s.lease_back == ask.lease:
-                s.units_back = 0
+            s.tok_over -= ask.tokens_over
+            for lease in ask.back:
+                s.back.pop(lease, None)
             self._apply(s, g, now)
         if fut is not None:
             fut.set_result(True)
 
     @staticmethod
     def _apply(s: Share, g: LeaseGrant, now: float) -> None:
+        # Expiry counts from before the call: the authority's clock started later, so
+        # what was leased always expires here first.
         if g.units:
-            # Counted from before the call: the authority's clock started later, so
-            # the units always expire here first.
+            if s.units:  # a lease asked for while units were left: those go back
+                s.back[s.lease] = s.units
             s.units, s.units_until, s.lease = g.units, now + g.ttl, g.lease
         if g.slots:
             s.slots_free += g.slots
             s.slots_held += g.slots
+        if g.tokens:
+            if s.tok is not None:
+                s.retired.append(s.tok)
+            s.tok = TokenLease(g.tokens_lease, g.tokens, now + g.ttl)
         if g.denied is not None:
             wait = g.retry_after or 1.0
             s.denied, s.retry_at = g.denied, now + wait
             s.denied_until = now + min(wait, _DENIAL_CACHE.get(g.denied, _DENIAL_CACHE_MAX))
-        elif g.units or g.slots:
+        elif g.units or g.slots or g.tokens:
             s.denied = None
