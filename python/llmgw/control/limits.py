@@ -276,7 +276,8 @@ class LimitsAuthority:
                 sc.slots_held -= sc.slots.pop(gid, 0)
 
     def in_flight(self, scope: str) -> int:
-        """Slots held for a scope over all gateways."""
+        """Slots held for a scope over all gateways (after reclaiming those of silent gateways)."""
+        self.sweep(self.clock())
         sc = self.scopes.get(scope)
         return 0 if sc is None else sc.slots_held
 
