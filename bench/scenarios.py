@@ -57,6 +57,8 @@ SCENARIOS: dict[str, Scenario] = {
     # Their own runners (bench/routing.py, bench/index.py); these shapes are not used.
     "routing": Scenario((16,), True, 16, 60.0),
     "index": Scenario((1,), False, 0, 0.0),
+    # In process: what API keys and limits add per request (bench/auth.py).
+    "auth": Scenario((1,), False, 0, 0.0),
 }
 
 
@@ -99,6 +101,10 @@ def run_scenario(args: argparse.Namespace) -> int:
         from bench.index import run_index
 
         return run_index(args)
+    if args.scenario == "auth":
+        from bench.auth import run_auth
+
+        return run_auth(args)
     sc = SCENARIOS[args.scenario]
     rounds = 2 if args.quick else args.rounds
     round_s = args.round_s or (1.0 if args.quick else sc.round_s)

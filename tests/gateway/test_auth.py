@@ -164,3 +164,67 @@ def test_bodies_kept_only_where_the_project_asks_and_the_request_allows(
     assert streamed.response_body.rstrip().endswith(b"data: [DONE]")
     for name in ("header", "field"):
         assert finals[rids[name]].request_body == NULL and finals[rids[name]].response_body is None
+
+
+def test_the_publisher_answers_a_long_poll_as_soon_as_the_version_changes() -> None:
+    import asyncio
+
+    from llmgw.control.snapshots import SnapshotPublisher
+    from llmgw.wire import Snapshot
+
+    async def main() -> None:
+        pub = SnapshotPublisher()
+        assert await pub.wait(None, timeout=0.01) is None  # nothing published yet
+        waiting = asyncio.ensure_future(pub.wait(None))
+        v1 = Snapshot(version=1)
+
+        async def build1() -> Snapshot:
+            return v1
+
+        assert await pub.refresh(build1)
+        assert await waiting == b'{"version":1,"keys":[],"projects":{}}'
+        # A waiter holding the current version waits; the same version again wakes nobody.
+        held = asyncio.ensure_future(pub.wait(1))
+        assert not await pub.refresh(build1)
+        await asyncio.sleep(0)
+        assert not held.done()
+
+        async def build2() -> Snapshot:
+            return Snapshot(version=2)
+
+        assert await pub.refresh(build2)
+        assert b'"version":2' in await held
+        # After the timeout the same version is answered (the gateway simply asks again).
+        assert b'"version":2' in (await pub.wait(2, timeout=0.01) or b"")
+        # A lower version (a restored store) is answered at once, not awaited forever.
+        assert b'"version":2' in (await pub.wait(7, timeout=5) or b"")
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_cli_flags_make_the_control_plane_section(tmp_path: object) -> None:
+    import argparse
+    from pathlib import Path
+
+    import pytest
+
+    from llmgw.cli.gateway import build_config, configure
+    from llmgw.config import ConfigError
+
+    d = Path(str(tmp_path))
+    p = argparse.ArgumentParser()
+    configure(p)
+    args = p.parse_args(["--endpoint", "r1=http://127.0.0.1:1=m", "--control-plane", "http://127.0.0.1:8081",
+                         "--data-dir", str(d)])
+    with pytest.raises(ConfigError) as e:
+        build_config(args)
+    assert str(e.value).startswith(f"cannot read the control plane's secret {d / 'secret'}: ")
+    (d / "secret").write_bytes(bytes(32))
+    cfg = build_config(args)
+    assert cfg.control_plane is not None and cfg.control_plane.data_dir == str(d)
+    assert (cfg.control_plane.lease_wait, cfg.control_plane.limits_fail_open) == (0.5, False)
+    bad = p.parse_args(["--endpoint", "r1=http://127.0.0.1:1=m", "--control-plane", "ftp://x"])
+    with pytest.raises(ConfigError) as e:
+        build_config(bad)
+    assert "control_plane.url is 'ftp://x'; expected http://HOST:PORT" in str(e.value)
+    assert build_config(p.parse_args(["--endpoint", "r1=http://127.0.0.1:1=m"])).control_plane is None

@@ -69,13 +69,15 @@ class TokenLease:
 class Share:
     """What this worker holds for one scope: units (rpm), slots (concurrency), tokens (tpm, budget)."""
 
-    __slots__ = ("back", "denied", "denied_until", "last_used", "lease", "limits", "retired", "retry_at",
-                 "scope", "slots_free", "slots_held", "tok", "tok_over", "units", "units_until",
-                 "want_slots", "want_tokens", "want_units")
+    __slots__ = ("back", "denied", "denied_until", "has_conc", "has_rpm", "last_used", "lease", "limits",
+                 "metered", "retired", "retry_at", "scope", "slots_free", "slots_held", "tok", "tok_over",
+                 "units", "units_until", "want_slots", "want_tokens", "want_units")
 
     def __init__(self, scope: str, limits: Limits) -> None:
         self.scope = scope
         self.limits = limits
+        self.has_rpm = self.has_conc = self.metered = False
+        self.set_limits(limits)
         self.units = 0
         self.units_until = 0.0
         self.lease = 0
@@ -96,18 +98,31 @@ class Share:
         self.retry_at = 0.0
         self.last_used = 0.0
 
-    @property
-    def metered(self) -> bool:
+    def set_limits(self, limits: Limits) -> None:
+        """Takes the scope's limits from a (new) snapshot."""
+        self.limits = limits
+        self.has_rpm = limits.rpm is not None
+        self.has_conc = limits.concurrency is not None
+        self.metered = limits.tpm is not None or limits.budget_tokens is not None
         """Tokens are leased for this scope (it has a tpm or a budget)."""
-        return self.limits.tpm is not None or self.limits.budget_tokens is not None
+
+    def ready(self, now: float) -> bool:
+        """A request can be admitted from what is held (the request path's check)."""
+        if self.has_rpm and (self.units <= 0 or self.units_until <= now):
+            return False
+        if self.has_conc and self.slots_free <= 0:
+            return False
+        if self.metered:
+            tok = self.tok
+            return tok is not None and tok.balance > 0 and tok.until > now
+        return True
 
     def needs(self, now: float) -> tuple[bool, bool, bool]:
         """(units, slot, tokens): what a request would have to wait for."""
-        lim = self.limits
         tok = self.tok
         return (
-            lim.rpm is not None and (self.units <= 0 or self.units_until <= now),
-            lim.concurrency is not None and self.slots_free <= 0,
+            self.has_rpm and (self.units <= 0 or self.units_until <= now),
+            self.has_conc and self.slots_free <= 0,
             # A balance above 0 admits one more request even when its estimate is larger:
             # the bound `llmgw.control.limits` states (one request per worker and scope).
             self.metered and (tok is None or tok.balance <= 0 or tok.until <= now),
@@ -165,13 +180,15 @@ class Limiter:
             ks = self.keys.get(entry.key_id)
             if ks is None:
                 ks = self.keys[entry.key_id] = Share("key:" + entry.key_id, entry.limits)
-            ks.limits = entry.limits
+            elif ks.limits is not entry.limits:
+                ks.set_limits(entry.limits)
             out = (ks,)
         if project is not None and project != NO_LIMITS:
             ps = self.projects.get(entry.project_id)
             if ps is None:
                 ps = self.projects[entry.project_id] = Share("project:" + entry.project_id, project)
-            ps.limits = project
+            elif ps.limits is not project:
+                ps.set_limits(project)
             out += (ps,)
         return out
 
@@ -185,22 +202,19 @@ class Limiter:
         if not shares:
             return FREE
         now = self.clock()
-        lacking = False
         for s in shares:
-            if any(s.needs(now)):
-                if s.denied_until > now and s.denied is not None:
-                    raise Denied(s.scope, s.denied, max(s.retry_at - now, 0.0))
-                lacking = True
-        if lacking:
-            return None
+            if not s.ready(now):
+                for t in shares:
+                    if not t.ready(now) and t.denied_until > now and t.denied is not None:
+                        raise Denied(t.scope, t.denied, max(t.retry_at - now, 0.0))
+                return None
         slotted: tuple[Share, ...] = ()
         leases: tuple[TokenLease, ...] = ()
         for s in shares:
             s.last_used = now
-            lim = s.limits
-            if lim.rpm is not None:
+            if s.has_rpm:
                 s.units -= 1
-            if lim.concurrency is not None:
+            if s.has_conc:
                 s.slots_free -= 1
                 slotted += (s,)
             tok = s.tok
