@@ -228,3 +228,27 @@ def test_cli_flags_make_the_control_plane_section(tmp_path: object) -> None:
         build_config(bad)
     assert "control_plane.url is 'ftp://x'; expected http://HOST:PORT" in str(e.value)
     assert build_config(p.parse_args(["--endpoint", "r1=http://127.0.0.1:1=m"])).control_plane is None
+
+
+def test_usage_waits_out_a_refusing_control_plane_and_ships_on_sigterm(
+        gateway_factory: Callable[..., Gateway], sim: Proc, control: ControlStub) -> None:
+    import signal
+
+    from llmgw.wire import Limits
+
+    key, entry = control.add_key(limits=Limits(concurrency=5))
+    gw = start_authed(gateway_factory, sim.url, control)
+    control.state.refuse_usage = True
+    first = [chat(gw, key)[1]["x-request-id"] for _ in range(3)]
+    control.state.refuse_usage = False
+    # Kept while refused, sent again once taken.
+    control.wait_usage(lambda bs: set(first) <= {f.request_id for b in bs for f in b.finals})
+    last = [chat(gw, key)[1]["x-request-id"] for _ in range(2)]
+    # At once, before the next periodic batch: only the shutdown path can send these.
+    gw.proc.popen.send_signal(signal.SIGTERM)
+    assert gw.proc.popen.wait(15) == 0
+    finals = [f.request_id for b in control.state.batches for f in b.finals]
+    assert set(last) <= set(finals)
+    assert len(finals) == len(set(finals)) == 5  # each once: nothing sent twice after being taken
+    # Its slots went back at shutdown, before the authority would have reclaimed them.
+    assert control.state.limits.in_flight(f"key:{entry.key_id}") == 0

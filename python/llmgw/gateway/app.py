@@ -139,7 +139,7 @@ class Gateway:
             t.cancel()
         if self.limiter is not None:
             # Slots and unused units go back now rather than when the authority reclaims them.
-            loop.run_until_complete(self.limiter.round_trip())
+            loop.run_until_complete(self.limiter.close())
         if self.kv_events is not None:
             loop.run_until_complete(self.kv_events.close())
         if self.replicas is not None:
