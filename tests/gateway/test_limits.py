@@ -34,7 +34,10 @@ def _burst(gw: Gateway, key: str, n: int, threads: int, body: dict[str, Any] | N
 def test_four_workers_forward_at_most_the_rpm_of_a_key(
         gateway_factory: Callable[..., Gateway], sim: Proc, control: ControlStub) -> None:
     key, entry = control.add_key(limits=Limits(rpm=60))
-    gw = start_authed(gateway_factory, sim.url, control, {"workers": 4})
+    # A longer lease wait than the default: on a loaded test machine a slow lease call
+    # must not turn into a 503 (that fail mode has its own test).
+    gw = start_authed(gateway_factory, sim.url, control, {"workers": 4, "control_plane": {
+        "url": control.url, "lease_wait": 3.0}})
     before = _sim_requests(sim)
     results = _burst(gw, key, 150, 16)
     codes = [r[0] for r in results]

@@ -124,6 +124,12 @@ class _Scope:
         return lim.budget_tokens - used
 
 
+def _idle(sc: _Scope, now: float) -> bool:
+    sc.units.prune(now)
+    sc.tokens.prune(now)
+    return not sc.units.entries and not sc.tokens.entries
+
+
 @dataclass
 class _Gateway:
     last_seen: float
@@ -146,10 +152,18 @@ class LimitsAuthority:
         self.scopes: dict[str, _Scope] = {}
         self.gateways: dict[str, _Gateway] = {}
         self._next_lease = 0
+        self._next_prune = 0.0
 
     async def lease(self, req: LeaseRequest) -> LeaseReply:
         """Answers one gateway's lease call (POST /internal/v1/leases)."""
         now = self.clock()
+        if now >= self._next_prune:
+            # Scopes with nothing in their windows (idle a minute) and no slot are forgotten;
+            # a budget is then read again from the usage rollups, which by then hold every
+            # request it had admitted. Before the budgets are loaded, never between.
+            self._next_prune = now + 10.0
+            for name in [n for n, sc in self.scopes.items() if not sc.slots_held and _idle(sc, now)]:
+                del self.scopes[name]
         for ask in req.asks:
             lim = ask.limits
             if lim.budget_tokens is None or self.used_tokens is None:

@@ -34,6 +34,9 @@ NO_LIMITS = Limits()
 _DENIAL_CACHE = {"concurrency": 0.05}
 _DENIAL_CACHE_MAX = 1.0
 
+FORGET_AFTER = 120.0
+"""Seconds after which an unused share that holds nothing is dropped (memory stays bounded)."""
+
 _WHAT = {"rpm": "requests per minute", "tpm": "tokens per minute", "concurrency": "concurrent requests",
          "budget": "token budget"}
 
@@ -180,6 +183,7 @@ class Limiter:
             ks = self.keys.get(entry.key_id)
             if ks is None:
                 ks = self.keys[entry.key_id] = Share("key:" + entry.key_id, entry.limits)
+                ks.last_used = self.clock()
             elif ks.limits is not entry.limits:
                 ks.set_limits(entry.limits)
             out = (ks,)
@@ -187,6 +191,7 @@ class Limiter:
             ps = self.projects.get(entry.project_id)
             if ps is None:
                 ps = self.projects[entry.project_id] = Share("project:" + entry.project_id, project)
+                ps.last_used = self.clock()
             elif ps.limits is not project:
                 ps.set_limits(project)
             out += (ps,)
@@ -320,8 +325,13 @@ class Limiter:
         asks: list[tuple[Share, LeaseAsk]] = []
         heartbeat = now - self._last_call >= self.heartbeat / 2
         for d in (self.keys, self.projects):
-            for s in d.values():
+            for name, s in list(d.items()):
                 tell = self._settle(s, now)
+                if (now - s.last_used > FORGET_AFTER and s.tok is None and not s.retired and not (
+                        s.slots_held or s.units or s.back or s.tok_over or s.want_units or s.want_slots
+                        or s.want_tokens)):
+                    del d[name]  # a key not used for a while: its share is made again when it is
+                    continue
                 if not (s.want_units or s.want_slots or s.want_tokens or s.back or s.tok_over or tell
                         or (heartbeat and s.slots_held)):
                     continue
