@@ -252,3 +252,75 @@ def test_usage_waits_out_a_refusing_control_plane_and_ships_on_sigterm(
     assert len(finals) == len(set(finals)) == 5  # each once: nothing sent twice after being taken
     # Its slots went back at shutdown, before the authority would have reclaimed them.
     assert control.state.limits.in_flight(f"key:{entry.key_id}") == 0
+
+
+def _rec(i: int, body: bytes | None = None) -> object:
+    from llmgw.wire import UsageRecord
+
+    return UsageRecord(request_id=f"r{i}", model="m", upstream_model="m", replica="r1", status="ok",
+                       http_status=200, stream=False, prompt_tokens=1, completion_tokens=1,
+                       usage_estimated=False, ttft_ms=None, duration_ms=1.0, finish_reason="stop", retries=0,
+                       started_at=1.0, key_id="key_1", response_body=body)
+
+
+def test_usage_sink_keeps_what_failed_drops_what_was_refused_and_splits_large_batches() -> None:
+    import asyncio
+
+    import msgspec
+
+    from llmgw.gateway import usage
+    from llmgw.wire import UsageBatch
+
+    async def main() -> None:
+        got: list[UsageBatch] = []
+        mode = {"fail": True, "queued": False}
+
+        async def ship(body: bytes) -> None:
+            if mode["fail"]:
+                raise ConnectionRefusedError("down")
+            b = msgspec.json.decode(body, type=UsageBatch)
+            assert len(body) <= usage.MAX_BATCH_BYTES
+            if any(f.request_id == "bad" for f in b.finals):
+                raise usage.BatchRejected("HTTP 400")
+            # A record queued while a post is under way is not lost.
+            if not mode["queued"]:
+                mode["queued"] = True
+                sink.record(_rec(99))  # type: ignore[arg-type]
+            got.append(b)
+
+        sink = usage.UsageSink(None, ship=ship, gateway_id="gw_1", max_pending=5000)
+        for i in range(3):
+            sink.record(_rec(i))  # type: ignore[arg-type]
+        assert not await sink.send()  # down: kept
+        assert len(sink.finals) == 3
+        mode["fail"] = False
+        assert await sink.send()
+        ids = [f.request_id for b in got for f in b.finals]
+        assert ids == ["r0", "r1", "r2", "r99"] and got[0].key_last_used == {"key_1": 1.0}
+        # Refused for good: dropped, the records after it still go.
+        got.clear()
+        bad = _rec(0)
+        bad.request_id = "bad"  # type: ignore[attr-defined]
+        sink.record(bad)  # type: ignore[arg-type]
+        assert await sink.send()
+        sink.record(_rec(5))  # type: ignore[arg-type]
+        assert await sink.send()
+        assert [f.request_id for b in got for f in b.finals] == ["r5"]
+        # Big bodies: several posts, each under the limit; one too big alone loses its body only.
+        got.clear()
+        big = b"x" * (usage.MAX_BATCH_BYTES // 3)
+        for i in range(4):
+            sink.record(_rec(i, big))  # type: ignore[arg-type]
+        sink.record(_rec(7, b"y" * (usage.MAX_BATCH_BYTES + 1)))  # type: ignore[arg-type]
+        assert await sink.send()
+        finals = [f for b in got for f in b.finals]
+        assert [f.request_id for f in finals] == ["r0", "r1", "r2", "r3", "r7"] and len(got) >= 3
+        assert finals[-1].response_body is None and finals[0].response_body == big
+        # Past the bound: new records are dropped and counted, never unbounded memory.
+        mode["fail"] = True
+        small = usage.UsageSink(None, ship=ship, gateway_id="gw_2", max_pending=2)
+        for i in range(5):
+            small.record(_rec(i))  # type: ignore[arg-type]
+        assert len(small.finals) == 2 and small.dropped == 3
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -19,6 +19,7 @@ from llmgw.wire import LeaseReply, LeaseRequest, Snapshot
 
 from .credentials import Credentials
 from .upstream import ConnectionBroken, Pool, UpstreamError
+from .usage import BatchRejected
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -80,6 +81,8 @@ class ControlClient:
     async def post_usage(self, body: bytes) -> None:
         """POST /internal/v1/usage with one encoded UsageBatch."""
         status, answer = await self.call(b"POST", b"/internal/v1/usage", body, USAGE_TIMEOUT)
+        if status in (400, 413, 422):
+            raise BatchRejected(f"HTTP {status}: {answer[:300]!r}")
         if status not in (200, 204):
             raise ControlError(f"usage post answered HTTP {status}: {answer[:200]!r}")
 

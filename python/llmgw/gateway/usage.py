@@ -20,13 +20,23 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from llmgw.wire import UsageBatch, UsageOpen, UsageRecord
+from llmgw.wire import NULL, UsageBatch, UsageOpen, UsageRecord
 
 log = logging.getLogger("llmgw.gateway")
 
 __all__ = ["UsageOpen", "UsageRecord", "UsageSink"]
 
 Ship = Callable[[bytes], Awaitable[None]]
+
+MAX_BATCH_RECORDS = 2000
+"""Records per post at most: an outage's backlog leaves in several posts."""
+MAX_BATCH_BYTES = 16 << 20
+"""Bytes per post at most, well under what the control plane reads (32 MiB)."""
+
+
+class BatchRejected(Exception):
+    """The control plane answered that this batch is invalid (HTTP 400, 413, 422): never resent."""
+
 
 CLOSE_DEADLINE = 5.0
 """Longest a clean shutdown keeps trying to hand the last batch to the control plane."""
@@ -110,26 +120,46 @@ class UsageSink:
             log.error("usage: %d records dropped: the control plane has not taken any for a while and %d "
                       "are waiting (usage_max_pending)", self.dropped, self.max_pending)
             self.dropped = 0
-        if not (self.opens or self.finals or self.last_used):
-            return True
-        batch = UsageBatch(gateway_id=self.gateway_id, opens=self.opens, finals=self.finals,
-                           key_last_used=self.last_used)
-        self.opens, self.finals, self.last_used = [], [], {}
-        try:
-            await self.ship(self._encoder.encode(batch))
-            return True
-        except BaseException as e:
-            # Kept, ahead of what came meanwhile: the control plane counts each request once
-            # whatever the repetition, so sending a batch twice is harmless; losing it is not.
-            self.opens[:0] = batch.opens
-            self.finals[:0] = batch.finals
-            for k, t in batch.key_last_used.items():
-                self.last_used[k] = max(t, self.last_used.get(k, t))
-            if not isinstance(e, Exception):
-                raise
-            log.warning("usage: cannot post %d records to the control plane (%s); kept for the next try",
-                        len(batch.opens) + len(batch.finals), e)
-            return False
+        while self.opens or self.finals or self.last_used:
+            n_open = min(len(self.opens), MAX_BATCH_RECORDS)
+            n_final = min(len(self.finals), MAX_BATCH_RECORDS - n_open)
+            last_used = dict(self.last_used)
+            body = self._batch(n_open, n_final, last_used)
+            # Kept bodies can make a batch large: fewer records per post, and a single
+            # record still too large for the control plane goes without its bodies.
+            while len(body) > MAX_BATCH_BYTES and n_open + n_final > 1:
+                if n_final > 1 or not n_open:
+                    n_final = max(n_final // 2, 1 if not n_open else 0)
+                else:
+                    n_open //= 2
+                body = self._batch(n_open, n_final, last_used)
+            if len(body) > MAX_BATCH_BYTES and n_final:
+                rec = self.finals[0]
+                log.warning("usage: the bodies of request %s are too large to send (%d bytes); not kept",
+                            rec.request_id, len(body))
+                self.finals[0] = msgspec.structs.replace(rec, request_body=NULL, response_body=None)
+                continue
+            try:
+                await self.ship(body)
+            except BatchRejected as e:
+                # Sending it again would be refused again, and hold up every later record.
+                log.error("usage: the control plane refused a batch of %d records (%s); dropped",
+                          n_open + n_final, e)
+            except Exception as e:  # noqa: BLE001 - kept and sent again, whatever went wrong
+                log.warning("usage: cannot post %d records to the control plane (%s); kept for the next try",
+                            len(self.opens) + len(self.finals), e)
+                return False
+            # Sent (or refused for good): records queued meanwhile were appended after these.
+            del self.opens[:n_open]
+            del self.finals[:n_final]
+            for k, t in last_used.items():
+                if self.last_used.get(k) == t:
+                    del self.last_used[k]
+        return True
+
+    def _batch(self, n_open: int, n_final: int, last_used: dict[str, float]) -> bytes:
+        return self._encoder.encode(UsageBatch(gateway_id=self.gateway_id, opens=self.opens[:n_open],
+                                               finals=self.finals[:n_final], key_last_used=last_used))
 
     async def close(self) -> None:
         """Stops the flush task and writes everything that is left."""
