@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import statistics
 import sys
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from bench.report import Machine, git_state, machine_facts, now_iso, today
+from bench.report import Result, Target, git_state, machine_facts, now_iso, today
 from bench.runner import ROOT
 from llmgw.control.limits import LimitsAuthority
 from llmgw.gateway.auth import KeyTable
@@ -33,21 +34,12 @@ TARGET_US = 20.0
 KEYS = 10_000
 
 
-class AuthResult(msgspec.Struct, kw_only=True):
-    """One run: microseconds per request for each path, median and spread over rounds."""
+class AuthResult(Result, kw_only=True):
+    """A `python -m bench run auth` result: the common fields plus µs per request per round."""
 
-    scenario: str = "auth"
-    started: str
-    code: str
-    machine: Machine
-    python: str
-    rounds: int
-    per_round: int
-    us: dict[str, list[float]]
-    """Path -> microseconds per request, one value per round."""
-    median_us: dict[str, float]
-    target_us: float = TARGET_US
-    verdict: str
+    us: dict[str, list[float]] = msgspec.field(default_factory=dict)
+    """Path -> microseconds per request, one value per round (loop: the empty loop)."""
+    verdict: str = ""
 
 
 def _time(fn: Callable[[], object], n: int) -> float:
@@ -119,14 +111,23 @@ def run_auth(args: argparse.Namespace) -> int:
     rounds = 2 if args.quick else args.rounds
     n = 20_000 if args.quick else 200_000
     started = now_iso()
+    machine = machine_facts()
     us = measure(rounds, n)
     med = {k: round(statistics.median(v), 3) for k, v in us.items()}
-    added = med["auth_limits"] - med["loop"]
+    added = round(med["auth_limits"] - med["loop"], 3)
     verdict = (f"{added:.2f} µs added per request (auth {med['auth'] - med['loop']:.2f} µs): "
                f"{'meets' if added <= TARGET_US else 'misses'} the {TARGET_US:g} µs target")
-    res = AuthResult(started=started, code=git_state(str(ROOT)), machine=machine_facts(),
-                     python=sys.version.split()[0], rounds=rounds, per_round=n,
-                     us={k: [round(x, 3) for x in v] for k, v in us.items()}, median_us=med, verdict=verdict)
+    code = git_state(str(ROOT))
+    res = AuthResult(
+        scenario="auth", date=today(), started_at=started, finished_at=now_iso(),
+        command=shlex.join([Path(sys.executable).name, "-m", "bench", *sys.argv[1:]]),
+        machine=machine, versions={"llmgw_git": code, "python": sys.version.split()[0]},
+        settings={"rounds": rounds, "per_round": n, "keys": KEYS, "quick": bool(args.quick)},
+        targets=[Target(name="auth+limits", kind="in-process", version=code, command=[])],
+        rounds=[], summary=[], void=False, void_reason="",
+        figures={"auth_us": round(med["auth"] - med["loop"], 3), "added_us": added, "target_us": TARGET_US},
+        us={k: [round(x, 3) for x in v] for k, v in us.items()}, verdict=verdict,
+    )
     print(markdown(res))
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"auth-{today()}.json"
     out.write_bytes(msgspec.json.format(msgspec.json.encode(res)) + b"\n")
@@ -138,5 +139,5 @@ def markdown(res: AuthResult) -> str:
     """The result as a Markdown table."""
     lines = ["| path | µs per request (median over rounds) | min–max |", "|---|---|---|"]
     for k, v in res.us.items():
-        lines.append(f"| {k} | {res.median_us[k]:.3f} | {min(v):.3f}–{max(v):.3f} |")
+        lines.append(f"| {k} | {statistics.median(v):.3f} | {min(v):.3f}–{max(v):.3f} |")
     return "\n".join([*lines, "", res.verdict])
