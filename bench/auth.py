@@ -26,8 +26,9 @@ from bench.report import Result, Target, git_state, machine_facts, now_iso, toda
 from bench.runner import ROOT
 from llmgw.control.limits import LimitsAuthority
 from llmgw.gateway.auth import KeyTable
-from llmgw.gateway.credentials import KEY_HASH_LABEL, derive, key_hash
+from llmgw.gateway.credentials import KEY_HASH_LABEL
 from llmgw.gateway.limits import Limiter
+from llmgw.secrets import derive, key_hash
 from llmgw.wire import KeyEntry, Limits, Snapshot
 
 TARGET_US = 20.0
@@ -55,7 +56,7 @@ def measure(rounds: int, n: int) -> dict[str, list[float]]:
     hk = derive(secret, KEY_HASH_LABEL)
     keys = [f"sk-llmgw-{i:040d}" for i in range(KEYS)]
     entries = [
-        KeyEntry(key_id=f"key_{i}", hash=key_hash(k, hk), org_id="org_1", team_id="team_1",
+        KeyEntry(key_id=f"key_{i}", hash=key_hash(hk, k), org_id="org_1", team_id="team_1",
                  project_id="proj_1", expires_at=time.time() + 86400,
                  limits=Limits(rpm=10**9, concurrency=10**6, tpm=10**12))
         for i, k in enumerate(keys)

@@ -24,7 +24,8 @@ from llmgw.admin.internal import ROUTES
 from llmgw.admin.route import ApiError, Raw, Request
 from llmgw.control.limits import LimitsAuthority
 from llmgw.control.snapshots import SnapshotPublisher
-from llmgw.gateway.credentials import GATEWAY_TOKEN_LABEL, KEY_HASH_LABEL, derive, key_hash
+from llmgw.gateway.credentials import GATEWAY_TOKEN_LABEL, KEY_HASH_LABEL
+from llmgw.secrets import derive, key_hash
 from llmgw.wire import KeyEntry, LeaseReply, LeaseRequest, Limits, Snapshot, UsageBatch
 
 T = TypeVar("T")
@@ -81,7 +82,7 @@ class ControlStub:
     def __init__(self, data_dir: Path, used_tokens: Callable[[str, float], Coroutine[Any, Any, int]] | None = None) -> None:
         self.data_dir = data_dir
         self.secret = os.urandom(32)
-        (data_dir / "secret").write_bytes(self.secret)
+        (data_dir / "secret").write_text(self.secret.hex() + "\n")  # as `llmgw server` writes it
         self.token = derive(self.secret, GATEWAY_TOKEN_LABEL).hex()
         self.hash_key = derive(self.secret, KEY_HASH_LABEL)
         self.state = State(used_tokens)
@@ -140,7 +141,7 @@ class ControlStub:
     def add_key(self, *, project: str = "proj_a", limits: Limits | None = None, expires_at: float | None = None,
                 keep_bodies: bool = False, user: str | None = "user_a", publish: bool = True) -> tuple[str, KeyEntry]:
         key = new_key()
-        entry = KeyEntry(key_id="key_" + secrets.token_hex(8), hash=key_hash(key, self.hash_key), org_id="org_a",
+        entry = KeyEntry(key_id="key_" + secrets.token_hex(8), hash=key_hash(self.hash_key, key), org_id="org_a",
                          team_id="team_a", project_id=project, user_id=user, expires_at=expires_at,
                          limits=limits or Limits(), keep_bodies=keep_bodies)
         self.keys.append(entry)

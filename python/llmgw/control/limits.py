@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from llmgw.wire import LeaseAsk, LeaseGrant, LeaseReply, LeaseRequest, Limits
 
@@ -315,3 +316,12 @@ class LimitsAuthority:
         """Tokens counted in the scope's current budget period (granted + over - returned)."""
         sc = self.scopes.get(scope)
         return 0 if sc is None else sc.budget_used
+
+
+async def attach(cp: Any) -> None:
+    """Control plane part (see `llmgw.control.server.ATTACH`): `cp.limits`.
+
+    Budgets start from `cp.used_tokens(scope, period_start)` when the usage store
+    provides it (else from 0 at each start of the control plane).
+    """
+    cp.limits = LimitsAuthority(used_tokens=getattr(cp, "used_tokens", None))

@@ -9,14 +9,21 @@ worker within one round trip of the change.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 
 from llmgw.wire import Snapshot
 
+log = logging.getLogger("llmgw.control")
+
 POLL_WAIT = 20.0
 """Longest a long-poll waits for a change before answering with the same version."""
+REFRESH_EVERY = 1.0
+"""The snapshot is rebuilt at least this often, so a change made without a poke (a key that
+expired, a change by another control plane on the same store) reaches gateways within it."""
 
 
 class SnapshotPublisher:
@@ -27,6 +34,7 @@ class SnapshotPublisher:
         self.encoded = b""
         self._changed = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._poke = asyncio.Event()
 
     @property
     def version(self) -> int | None:
@@ -65,3 +73,43 @@ class SnapshotPublisher:
         except TimeoutError:
             pass
         return self.encoded if self.current is not None else None
+
+    def poke(self) -> None:
+        """Asks `follow` to rebuild now (after an admin change), not at its next second."""
+        self._poke.set()
+
+    async def follow(self, build: Callable[[], Awaitable[Snapshot]], every: float = REFRESH_EVERY) -> None:
+        """Refreshes on every `poke()` and at least every `every` seconds, forever.
+
+        A failing build (the store unreachable) keeps the last snapshot published:
+        gateways go on with the keys they have rather than with none.
+        """
+        failures = 0
+        while True:
+            try:
+                await asyncio.wait_for(self._poke.wait(), every)
+            except TimeoutError:
+                pass
+            self._poke.clear()
+            try:
+                await self.refresh(build)
+                failures = 0
+            except Exception:
+                failures += 1
+                if failures == 1 or failures % 60 == 0:
+                    log.exception("cannot build the gateways' snapshot (%d failures in a row); "
+                                  "they keep the last one", failures)
+
+
+async def attach(cp: Any) -> None:
+    """Control plane part (see `llmgw.control.server.ATTACH`): `cp.snapshots`, built from the store."""
+    from llmgw.store.snapshot import build_snapshot
+
+    pub = SnapshotPublisher()
+
+    async def build() -> Snapshot:
+        return await build_snapshot(cp.db)
+
+    await pub.refresh(build)
+    cp.snapshots = pub
+    cp.spawn(pub.follow(build), "snapshots")

@@ -10,9 +10,8 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
+from llmgw.secrets import key_hash
 from llmgw.wire import KeyEntry, Limits, Snapshot
-
-from .credentials import key_hash
 
 PREFIX = "sk-llmgw-"
 KEY_LENGTH = len(PREFIX) + 40
@@ -62,7 +61,7 @@ class KeyTable:
         # here cost more than the hash lookup it would save).
         if scheme.lower() != "bearer" or len(key) != KEY_LENGTH or not key.startswith(PREFIX):
             raise Unauthorized(MALFORMED)
-        entry = self.by_hash.get(key_hash(key, self.hash_key))
+        entry = self.by_hash.get(key_hash(self.hash_key, key))
         if entry is None:
             raise Unauthorized(UNKNOWN)
         if entry.expires_at is not None and entry.expires_at <= (time.time() if now is None else now):

@@ -1,35 +1,25 @@
 """The gateway's two secrets: the token it shows the control plane and the key that hashes API keys.
 
-Both are derived from the cluster secret (`<data-dir>/secret`) with one label per
-purpose, as `llmgw.secrets` does on the control plane's side (the lead dedupes the
-two small functions below into it). A gateway on another machine gets them from the
-environment instead: LLMGW_GATEWAY_TOKEN and LLMGW_KEY_HASH_SECRET (hex).
+Both are derived from the cluster secret (`<data-dir>/secret`, 64 hex characters)
+with `llmgw.secrets.derive` and one label per purpose, exactly as the control plane
+derives them. A gateway on another machine gets them from the environment instead:
+LLMGW_GATEWAY_TOKEN and LLMGW_KEY_HASH_SECRET (hex).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.config import ConfigError, ControlPlane
+from llmgw.secrets import HASH_LABEL, derive
 
 TOKEN_ENV = "LLMGW_GATEWAY_TOKEN"
 HASH_KEY_ENV = "LLMGW_KEY_HASH_SECRET"
 GATEWAY_TOKEN_LABEL = "llmgw gateway token v1"
-KEY_HASH_LABEL = "llmgw api-key hash v1"
-
-
-def derive(secret: bytes, label: str) -> bytes:
-    """A secret for one purpose: HMAC-SHA256 of the label under the cluster secret."""
-    return hmac.new(secret, label.encode(), "sha256").digest()
-
-
-def key_hash(key: str, hash_key: bytes) -> str:
-    """The keyed hash an API key is stored and looked up by (hex)."""
-    return hashlib.blake2b(key.encode(), key=hash_key, digest_size=32).hexdigest()
+"""The same label as `llmgw.control.server`'s (the gateway imports no control plane code)."""
+KEY_HASH_LABEL = HASH_LABEL
 
 
 @dataclass(frozen=True)
