@@ -12,10 +12,16 @@ from typing import Annotated, Literal
 import msgspec
 
 Count = Annotated[int, msgspec.Meta(ge=1)]
+Amount = Annotated[int, msgspec.Meta(ge=0)]
 
 NULL = msgspec.Raw(b"null")
 """An absent raw JSON value. msgspec cannot decode `Raw | None` (a union with Raw only
-accepts null), so raw fields are plain `Raw` and `NULL` stands for None: compare with ==."""
+accepts null), so raw fields are plain `Raw` and `NULL` stands for None: compare with ==.
+(A factory, not a default: msgspec's JSON schema cannot show a Raw default.)"""
+
+
+def _null() -> msgspec.Raw:
+    return NULL
 Period = Literal["day", "week", "month"]
 
 
@@ -84,7 +90,7 @@ class UsageRecord(msgspec.Struct, omit_defaults=False, kw_only=True):
     finish_reason: str | None
     retries: int
     started_at: float
-    route: msgspec.Raw = NULL
+    route: msgspec.Raw = msgspec.field(default_factory=_null)
     """The router's decision: policy, matched prefix, candidates' scores (JSON from Rust);
     NULL when no replica was picked."""
     key_id: str | None = None
@@ -93,7 +99,7 @@ class UsageRecord(msgspec.Struct, omit_defaults=False, kw_only=True):
     team_id: str | None = None
     org_id: str | None = None
     """The tenancy path at the time of the request (None without authentication)."""
-    request_body: msgspec.Raw = NULL
+    request_body: msgspec.Raw = msgspec.field(default_factory=_null)
     response_body: bytes | None = None
     """Kept only when the project keeps bodies and the request did not say no_store
     (request_body NULL and response_body None otherwise)."""
@@ -145,20 +151,20 @@ class LeaseAsk(msgspec.Struct, kw_only=True, omit_defaults=True):
     """`key:<key_id>` or `project:<project_id>`."""
     limits: Limits
     """The scope's limits as the gateway's snapshot has them (the authority keeps the latest)."""
-    units: int = 0
+    units: Amount = 0
     """Request units wanted now (scopes with rpm)."""
-    slots: int = 0
+    slots: Amount = 0
     """Concurrency slots wanted now (scopes with concurrency)."""
-    tokens: int = 0
+    tokens: Amount = 0
     """Tokens wanted now (scopes with tpm or a budget): the requests' estimates."""
-    back: dict[int, int] = msgspec.field(default_factory=dict)
+    back: dict[int, Amount] = msgspec.field(default_factory=dict)
     """Earlier leases (of units or of tokens) -> how much of each will not be used (it expired,
     went idle, or its requests used less than their estimates)."""
-    tokens_over: int = 0
+    tokens_over: Amount = 0
     """Tokens used beyond what was leased (requests that used more than their estimates),
     since the last call: counted in the tpm window and the budget then. Not idempotent:
     a call repeated after a lost answer counts them twice (refusing early, never late)."""
-    slots_held: int = 0
+    slots_held: Amount = 0
     """Slots this gateway holds for the scope before this call's grant (a count, so that a
     grant whose answer was lost cannot leak slots)."""
 

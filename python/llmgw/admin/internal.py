@@ -36,7 +36,11 @@ async def usage(req: Request) -> None:
     batch = req.body
     if not isinstance(batch, UsageBatch):
         raise ApiError(400, "internal.bad_usage", "the body must be a UsageBatch (JSON)")
-    await req.state.ingest_usage(batch)
+    ingest = getattr(req.state, "ingest_usage", None)
+    if ingest is None:
+        raise ApiError(503, "internal.usage_not_ready",
+                       "this control plane does not take usage yet; the gateway keeps the batch and retries")
+    await ingest(batch)
 
 
 async def leases(req: Request) -> LeaseReply:

@@ -58,6 +58,7 @@ class UsageSink:
         self.finals: list[UsageRecord] = []
         self.last_used: dict[str, float] = {}
         self.dropped = 0
+        self.failures = 0
         self._task: asyncio.Task[None] | None = None
         self._encoder = msgspec.json.Encoder()
 
@@ -146,9 +147,14 @@ class UsageSink:
                 log.error("usage: the control plane refused a batch of %d records (%s); dropped",
                           n_open + n_final, e)
             except Exception as e:  # noqa: BLE001 - kept and sent again, whatever went wrong
-                log.warning("usage: cannot post %d records to the control plane (%s); kept for the next try",
-                            len(self.opens) + len(self.finals), e)
+                self.failures += 1
+                if self.failures == 1 or self.failures % 100 == 0:  # not every 0.25 s of an outage
+                    log.warning("usage: cannot post %d records to the control plane (%s); kept for the next "
+                                "try (%d failures in a row)", len(self.opens) + len(self.finals), e, self.failures)
                 return False
+            if self.failures:
+                log.warning("usage: the control plane takes records again after %d failures", self.failures)
+                self.failures = 0
             # Sent (or refused for good): records queued meanwhile were appended after these.
             del self.opens[:n_open]
             del self.finals[:n_final]
