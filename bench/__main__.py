@@ -68,7 +68,12 @@ def _table(args: argparse.Namespace) -> int:
     for path in args.files:
         raw = Path(path).read_bytes()
         scenario = msgspec.json.decode(raw, type=_Scenario).scenario
-        if scenario == "routing":
+        if scenario == "auth":
+            from bench.auth import AuthResult
+            from bench.auth import markdown as auth_markdown
+
+            text = auth_markdown(msgspec.json.decode(raw, type=AuthResult))
+        elif scenario == "routing":
             text = routing_markdown(msgspec.json.decode(raw, type=RoutingResult))
         elif scenario == "index":
             text = index_markdown(msgspec.json.decode(raw, type=IndexResult))

@@ -59,6 +59,8 @@ SCENARIOS: dict[str, Scenario] = {
     "routing": Scenario((16,), True, 16, 60.0),
     "index": Scenario((1,), False, 0, 0.0),
     "usage": Scenario((1,), False, 0, 0.0),
+    # In process: what API keys and limits add per request (bench/auth.py).
+    "auth": Scenario((1,), False, 0, 0.0),
 }
 
 
@@ -105,6 +107,10 @@ def run_scenario(args: argparse.Namespace) -> int:
         from bench.usage import run_usage
 
         return run_usage(args)
+    if args.scenario == "auth":
+        from bench.auth import run_auth
+
+        return run_auth(args)
     sc = SCENARIOS[args.scenario]
     rounds = 2 if args.quick else args.rounds
     round_s = args.round_s or (1.0 if args.quick else sc.round_s)

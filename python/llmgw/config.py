@@ -80,6 +80,49 @@ class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     eject_max: Seconds = 60.0
 
 
+class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Where the gateway gets its keys and limits and sends its usage (`llmgw server`).
+
+    Without this section the gateway is open: no key is asked for and no limit applies.
+    """
+
+    url: str
+    """The control plane's admin listener, e.g. http://127.0.0.1:8081."""
+    data_dir: str | None = None
+    """The control plane's data directory: the gateway token and the key-hash secret are
+    derived from its `secret`. Else they come from LLMGW_GATEWAY_TOKEN and
+    LLMGW_KEY_HASH_SECRET (hex), for a gateway on another machine."""
+    snapshot_wait: Seconds = 20.0
+    """Longest a snapshot long-poll waits on the control plane before it answers anyway."""
+    usage_interval: Seconds = 0.25
+    """Usage batches leave this often."""
+    usage_max_pending: Annotated[int, msgspec.Meta(ge=1)] = 200_000
+    """Records held while the control plane does not take them; past it new ones are dropped
+    (and counted in the log), so an outage cannot exhaust the gateway's memory."""
+    lease_wait: Seconds = 0.5
+    """Longest a request waits for a limits lease before the fail mode applies."""
+    lease_idle_return: Seconds = 0.5
+    """Concurrency slots unused this long are given back for other gateways to use."""
+    limits_fail_open: bool = False
+    """When the control plane cannot be reached: False answers 503 (limits hold), True forwards
+    without limits (availability first; the requests are still recorded)."""
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"control_plane.url is {self.url!r}; expected http://HOST:PORT")
+
+    @property
+    def host(self) -> str:
+        """The host part of the URL."""
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        """The port part of the URL (80 when absent)."""
+        return urlsplit(self.url).port or 80
+
+
 class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Everything `llmgw gateway` needs; crosses into the workers as one JSON value."""
 
@@ -105,6 +148,8 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Per served model: the routing policy and its settings (`policy`, `weights`, `guard_abs`,
     ...; validated by the Rust router, which holds their defaults), plus `tokenizer`, a model
     directory that makes `kv` mode precise."""
+    control_plane: ControlPlane | None = None
+    """Keys, limits and usage through `llmgw server`; None runs the gateway open (bench mode)."""
 
     def __post_init__(self) -> None:
         ids = [e.id for e in self.endpoints]

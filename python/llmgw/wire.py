@@ -12,6 +12,16 @@ from typing import Annotated, Literal
 import msgspec
 
 Count = Annotated[int, msgspec.Meta(ge=1)]
+Amount = Annotated[int, msgspec.Meta(ge=0)]
+
+NULL = msgspec.Raw(b"null")
+"""An absent raw JSON value. msgspec cannot decode `Raw | None` (a union with Raw only
+accepts null), so raw fields are plain `Raw` and `NULL` stands for None: compare with ==.
+(A factory, not a default: msgspec's JSON schema cannot show a Raw default.)"""
+
+
+def _null() -> msgspec.Raw:
+    return NULL
 Period = Literal["day", "week", "month"]
 
 
@@ -80,17 +90,19 @@ class UsageRecord(msgspec.Struct, omit_defaults=False, kw_only=True):
     finish_reason: str | None
     retries: int
     started_at: float
-    route: msgspec.Raw | None = None
-    """The router's decision: policy, matched prefix, candidates' scores (JSON from Rust)."""
+    route: msgspec.Raw = msgspec.field(default_factory=_null)
+    """The router's decision: policy, matched prefix, candidates' scores (JSON from Rust);
+    NULL when no replica was picked."""
     key_id: str | None = None
     user_id: str | None = None
     project_id: str | None = None
     team_id: str | None = None
     org_id: str | None = None
     """The tenancy path at the time of the request (None without authentication)."""
-    request_body: msgspec.Raw | None = None
+    request_body: msgspec.Raw = msgspec.field(default_factory=_null)
     response_body: bytes | None = None
-    """Kept only when the project keeps bodies and the request did not say no_store."""
+    """Kept only when the project keeps bodies and the request did not say no_store
+    (request_body NULL and response_body None otherwise)."""
 
 
 class UsageOpen(msgspec.Struct, kw_only=True):
@@ -118,3 +130,76 @@ class UsageBatch(msgspec.Struct, kw_only=True):
     finals: list[UsageRecord] = msgspec.field(default_factory=list)
     key_last_used: dict[str, float] = msgspec.field(default_factory=dict)
     """Key id -> latest use seen in this batch (the keys' `last_used_at`)."""
+
+
+# -- limits: POST /internal/v1/leases (JSON) ------------------------------------------
+#
+# A gateway worker forwards a request only against units it holds: a request unit
+# (one admission; rpm counts them) and, where a concurrency limit is set, a slot.
+# It leases them from the control plane's authority in small numbers, so that the
+# sum over every worker and process stays within each limit by construction.
+
+
+class LeaseAsk(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One scope's part of a lease call: what the gateway wants, gives back and reports.
+
+    What goes back is absolute per lease ("n of lease L will not be used"), not a delta,
+    so a call repeated after a lost answer counts once.
+    """
+
+    scope: str
+    """`key:<key_id>` or `project:<project_id>`."""
+    limits: Limits
+    """The scope's limits as the gateway's snapshot has them (the authority keeps the latest)."""
+    units: Amount = 0
+    """Request units wanted now (scopes with rpm)."""
+    slots: Amount = 0
+    """Concurrency slots wanted now (scopes with concurrency)."""
+    tokens: Amount = 0
+    """Tokens wanted now (scopes with tpm or a budget): the requests' estimates."""
+    back: dict[int, Amount] = msgspec.field(default_factory=dict)
+    """Earlier leases (of units or of tokens) -> how much of each will not be used (it expired,
+    went idle, or its requests used less than their estimates)."""
+    tokens_over: Amount = 0
+    """Tokens used beyond what was leased (requests that used more than their estimates),
+    since the last call: counted in the tpm window and the budget then. Not idempotent:
+    a call repeated after a lost answer counts them twice (refusing early, never late)."""
+    slots_held: Amount = 0
+    """Slots this gateway holds for the scope before this call's grant (a count, so that a
+    grant whose answer was lost cannot leak slots)."""
+
+
+class LeaseRequest(msgspec.Struct, kw_only=True):
+    """A gateway worker's lease call; also its heartbeat while it holds slots."""
+
+    gateway_id: str
+    asks: list[LeaseAsk] = msgspec.field(default_factory=list)
+
+
+class LeaseGrant(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The authority's answer for one scope: all that was asked (or less), or a refusal."""
+
+    scope: str
+    lease: int = 0
+    """The id of the units granted, for giving back the unused ones."""
+    units: int = 0
+    """Request units granted; usable until `ttl` seconds from the call."""
+    tokens_lease: int = 0
+    """The id of the tokens granted."""
+    tokens: int = 0
+    """Tokens granted; usable until `ttl` seconds from the call."""
+    slots: int = 0
+    """Slots granted; held until reported given back (or reclaimed when the gateway goes silent)."""
+    ttl: float = 0.0
+    denied: str | None = None
+    """The limit that refused what was asked: rpm, tpm, concurrency or budget (nothing granted)."""
+    retry_after: float | None = None
+    """Seconds until that limit frees (for Retry-After)."""
+
+
+class LeaseReply(msgspec.Struct, kw_only=True):
+    """The answer to a LeaseRequest: one grant per ask, in the same order."""
+
+    grants: list[LeaseGrant] = msgspec.field(default_factory=list)
+    heartbeat: float = 1.0
+    """Call again at least this often while holding slots, or they are reclaimed."""

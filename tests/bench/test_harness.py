@@ -195,8 +195,8 @@ def test_committed_results_decode() -> None:
     for name in SCENARIOS:  # other harnesses may keep their own files in bench/results
         for path in sorted(results.glob(f"{name}-????-??-??.json")):
             res = msgspec.json.decode(path.read_bytes(), type=Result)
-            # index and usage run in-process: their figures, no load rounds
-            assert res.scenario == name and (res.rounds or name in ("index", "usage"))
+            # index, usage and auth run in-process: their figures, no load rounds
+            assert res.scenario == name and (res.rounds or name in ("index", "usage", "auth"))
 
 
 def test_target_path_and_request() -> None:

@@ -34,6 +34,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="port to listen on (default 8080)")
     parser.add_argument("--workers", type=int, help="granian worker processes (default 1)")
     parser.add_argument("--usage-log", metavar="PATH", help="append a JSON line per finished request to PATH")
+    parser.add_argument("--control-plane", metavar="URL",
+                        help="require API keys and apply limits from this `llmgw server` (e.g. http://127.0.0.1:8081)")
+    parser.add_argument("--data-dir", metavar="DIR",
+                        help="the control plane's data directory (its secret gives the gateway token)")
 
 
 def build_config(args: argparse.Namespace) -> GatewayConfig:
@@ -55,12 +59,26 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
         value = getattr(args, key)
         if value is not None:
             raw[key] = value
+    if args.control_plane is not None:
+        cp = raw.get("control_plane") or {}
+        cp["url"] = args.control_plane
+        raw["control_plane"] = cp
+    if args.data_dir is not None:
+        if not raw.get("control_plane"):
+            raise ConfigError("--data-dir is only used with --control-plane URL (or control_plane.url in --config)")
+        raw["control_plane"]["data_dir"] = args.data_dir
     where = f"configuration file {args.config}" if args.config else "gateway configuration"
     cfg = validate_server({"gateway": raw}, where).gateway
     # The router's own checks, here rather than in each worker after the fork.
     from llmgw.gateway.routing import validate
 
     validate(cfg.routing, [(e.id, e.models) for e in cfg.endpoints])
+    if cfg.control_plane is not None:
+        # Read here so a missing secret fails the command, not each worker after the fork;
+        # the workers read it again (secrets do not travel in the environment).
+        from llmgw.gateway.credentials import load_credentials
+
+        load_credentials(cfg.control_plane)
     return cfg
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -21,8 +22,12 @@ from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
 
 from . import body as reqbody
 from . import routing
+from .auth import KeyTable, Unauthorized
+from .control import ControlClient
+from .credentials import Credentials, load_credentials
 from .errors import Kind, error_body, truncate
 from .kv_events import KvSubscriber
+from .limits import FREE, Denied, Limiter, Ticket, Unavailable
 from .metrics import Metrics
 from .proxy import Call, Proxy
 from .replicas import ReplicaSet
@@ -43,6 +48,13 @@ _NOT_FORWARDED = frozenset({
 
 _REQUEST_ID_MAX = 128
 
+# A request's token estimate for tpm and budgets when it sets no max_tokens: what it
+# really used is settled when it ends, so this only decides how much is held meanwhile.
+DEFAULT_COMPLETION_ESTIMATE = 256
+
+_REFUSED: Final = object()
+"""What `_principal` returns when it has already answered 401 or 503."""
+
 
 class Gateway:
     """One worker's gateway; the RSGI entry point is `__rsgi__`."""
@@ -57,7 +69,21 @@ class Gateway:
         self.replicas: ReplicaSet | None = None
         self.proxy: Proxy | None = None
         self.metrics: Metrics | None = None
-        self.usage = UsageSink(cfg.usage_log)
+        cp = cfg.control_plane
+        # Random per worker start: the control plane settles the open requests of a
+        # gateway id it stops hearing from, and a restarted worker is a new one.
+        self.gateway_id = "gw_" + os.urandom(8).hex()
+        self.creds: Credentials | None = None
+        self.keys: KeyTable | None = None
+        self.limiter: Limiter | None = None
+        self.control: ControlClient | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        if cp is not None:
+            self.creds = load_credentials(cp)
+            self.keys = KeyTable(self.creds.hash_key)
+        self.usage = UsageSink(cfg.usage_log, interval=0.5 if cp is None else cp.usage_interval,
+                               gateway_id=self.gateway_id,
+                               max_pending=200_000 if cp is None else cp.usage_max_pending)
         self.kv_index: _core.KvIndex | None = None
         self.kv_events: KvSubscriber | None = None
         self.routes: dict[tuple[str, str], Callable[[Any, Any, str], Awaitable[None]]] = {
@@ -98,14 +124,29 @@ class Gateway:
             max_response_bytes=self.cfg.max_response_bytes, retry_after=self.cfg.retry_after_seconds,
         )
         self.replicas.start_probes()
+        cp = self.cfg.control_plane
+        if cp is not None and self.creds is not None and self.keys is not None:
+            self.control = ControlClient(loop, cp, self.creds)
+            self.usage.ship = self.control.post_usage
+            self.limiter = Limiter(self.gateway_id, self.control.lease, wait=cp.lease_wait,
+                                   idle_return=cp.lease_idle_return)
+            self._tasks = [loop.create_task(self.control.follow_snapshots(self.keys.load)),
+                           loop.create_task(self.limiter.run())]
         self.usage.start(loop)
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.limiter is not None:
+            # Slots and unused units go back now rather than when the authority reclaims them.
+            loop.run_until_complete(self.limiter.close())
         if self.kv_events is not None:
             loop.run_until_complete(self.kv_events.close())
         if self.replicas is not None:
             loop.run_until_complete(self.replicas.close())
         loop.run_until_complete(self.usage.close())
+        if self.control is not None:
+            self.control.close()
 
     def _replica_snapshot(self) -> list[tuple[str, int, bool]]:
         assert self.replicas is not None
@@ -123,7 +164,8 @@ class Gateway:
         if handler is not None:
             await handler(scope, protocol, rid)
         elif scope.method == "GET" and path.startswith("/v1/models/"):
-            self._model(protocol, rid, path[len("/v1/models/"):])
+            if self._principal(scope, protocol, rid) is not _REFUSED:
+                self._model(protocol, rid, path[len("/v1/models/"):])
         elif path in self._paths:
             self._error(protocol, rid, Kind.METHOD_NOT_ALLOWED, f"{scope.method} is not allowed on {path}")
         else:
@@ -135,7 +177,25 @@ class Gateway:
                                 error_body(kind, message, param))
 
     # -- OpenAI routes ------------------------------------------------------------
+    def _principal(self, scope: Any, protocol: Any, rid: str) -> Any:
+        """The request's key entry; None without a control plane; `_REFUSED` once answered."""
+        keys = self.keys
+        if keys is None:
+            return None
+        if keys.version is None:
+            self._error(protocol, rid, Kind.NOT_READY,
+                        "the gateway has not received its keys from the control plane yet; retry in a moment")
+            return _REFUSED
+        try:
+            return keys.resolve(scope.headers.get("authorization"), scope.query_string)
+        except Unauthorized as e:
+            self._error(protocol, rid, Kind.UNAUTHORIZED, str(e))
+            return _REFUSED
+
     async def _inference(self, scope: Any, protocol: Any, rid: str) -> None:
+        entry = self._principal(scope, protocol, rid)
+        if entry is _REFUSED:
+            return None
         limit = self.cfg.max_body_bytes
         declared = scope.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -160,6 +220,7 @@ class Gateway:
             # be able to turn that into a 500 (or worse) with a few kilobytes of [[[.
             return self._error(protocol, rid, Kind.INVALID_JSON,
                                "request body nests arrays or objects too deeply to read; flatten it")
+        original = data
         model = head.model
         target = self.aliases.get(model, model)
         assert self.proxy is not None and self.replicas is not None
@@ -172,11 +233,53 @@ class Gateway:
         strip_usage = stream and not wants_usage
         if target != model or strip_usage:
             data = _core.patch_request(data, target if target != model else None, strip_usage)
-        call = Call(rid, model, target, stream)
-        await self.proxy.forward(protocol, call, scope.path.encode(), data,
-                                 _forwarded(scope.headers), strip_usage)
+        keep = None
+        if entry is not None and entry.keep_bodies and not head.no_store \
+                and scope.headers.get("x-llmgw-no-store", "").lower() not in ("1", "true"):
+            keep = original
+        ticket = FREE
+        if self.limiter is not None and entry is not None:
+            completion = 0 if scope.path == "/v1/embeddings" else (
+                head.max_completion_tokens or head.max_tokens or DEFAULT_COMPLETION_ESTIMATE)
+            got = await self._admit(protocol, rid, entry, model, len(data) // 4 + completion)
+            if got is None:
+                return None
+            ticket = got
+        call = Call(rid, model, target, stream, entry, keep)
+        try:
+            await self.proxy.forward(protocol, call, scope.path.encode(), data,
+                                     _forwarded(scope.headers), strip_usage)
+        finally:
+            # Whatever way the request ended (answer, error, disconnect, cancellation).
+            if self.limiter is not None:
+                self.limiter.release(ticket, call.prompt + call.completion)
+
+    async def _admit(self, protocol: Any, rid: str, entry: Any, model: str, cost: int) -> Ticket | None:
+        """A ticket from the limits, or None once answered 429/503."""
+        assert self.limiter is not None and self.keys is not None
+        project = self.keys.projects.get(entry.project_id)
+        try:
+            return self.limiter.take(entry, project, cost) or await self.limiter.acquire(entry, project, cost)
+        except Denied as d:
+            kind = Kind.TOKENS_LIMITED if d.limit in ("tpm", "budget") else Kind.RATE_LIMITED
+            retry = max(1, math.ceil(d.retry_after))
+            assert self.metrics is not None
+            self.metrics.request(model, "rate_limited", 0.0, None, 0, 0)
+            protocol.response_bytes(kind.status, [("content-type", JSON), ("x-request-id", rid),
+                                                  ("retry-after", str(retry))],
+                                    error_body(kind, f"{d}; retry after {retry}s"))
+            return None
+        except Unavailable as u:
+            cp = self.cfg.control_plane
+            if cp is not None and cp.limits_fail_open:
+                return FREE
+            self._error(protocol, rid, Kind.LIMITS_UNAVAILABLE,
+                        f"limits cannot be checked ({u}); the request was not forwarded, retry shortly")
+            return None
 
     async def _models(self, scope: Any, protocol: Any, rid: str) -> None:
+        if self._principal(scope, protocol, rid) is _REFUSED:
+            return
         protocol.response_bytes(200, [("content-type", JSON), ("x-request-id", rid)], self._models_body)
 
     def _model(self, protocol: Any, rid: str, name: str) -> None:
@@ -193,6 +296,12 @@ class Gateway:
 
     async def _ready(self, scope: Any, protocol: Any, rid: str) -> None:
         assert self.replicas is not None
+        if self.keys is not None and self.keys.version is None:
+            body = error_body(Kind.NOT_READY, "no snapshot of keys from the control plane yet; "
+                              "the gateway cannot authenticate requests")
+            protocol.response_bytes(503, [("content-type", JSON), ("x-request-id", rid),
+                                          ("retry-after", "1")], body)
+            return
         n = self.replicas.router.healthy_count()
         if n:
             body = msgspec.json.encode({"status": "ready", "healthy_replicas": n})

@@ -24,6 +24,10 @@ class RequestHead(msgspec.Struct):
     model: str
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    no_store: bool | None = None
+    """llmgw's own: do not keep this request's bodies, even where the project keeps bodies."""
 
 
 DECODER = msgspec.json.Decoder(RequestHead)

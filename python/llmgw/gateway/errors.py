@@ -33,12 +33,19 @@ class Kind(enum.Enum):
     INVALID_REQUEST = (400, "invalid_request_error", "invalid_request")
     NOT_FOUND = (404, "invalid_request_error", "not_found")
     MODEL_NOT_FOUND = (404, "invalid_request_error", "model_not_found")
+    UNAUTHORIZED = (401, "invalid_request_error", "invalid_api_key")
     METHOD_NOT_ALLOWED = (405, "invalid_request_error", "method_not_allowed")
     BODY_TOO_LARGE = (413, "invalid_request_error", "body_too_large")
     REPLICAS_BUSY = (429, "rate_limit_error", "replicas_busy")
+    RATE_LIMITED = (429, "requests", "rate_limit_exceeded")
+    """rpm or concurrency of a key or project (OpenAI's type for request limits)."""
+    TOKENS_LIMITED = (429, "tokens", "rate_limit_exceeded")
+    """tpm or a token budget of a key or project."""
     INTERNAL = (500, "server_error", "internal_error")
     UPSTREAM_FAILED = (502, "upstream_error", "upstream_failed")
     NO_REPLICA = (503, "service_unavailable", "no_healthy_replica")
+    NOT_READY = (503, "service_unavailable", "not_ready")
+    LIMITS_UNAVAILABLE = (503, "service_unavailable", "limits_unavailable")
     UPSTREAM_TIMEOUT = (504, "timeout", "upstream_timeout")
 
     @property

@@ -18,6 +18,7 @@ import msgspec
 from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
+from llmgw.wire import NULL, KeyEntry
 
 from .errors import Kind, error_body, sse_error_event, truncate
 from .replicas import Replica, ReplicaSet
@@ -29,7 +30,7 @@ from .upstream import (
     UpstreamTimeout,
     _Cancelled,
 )
-from .usage import UsageRecord, UsageSink
+from .usage import UsageOpen, UsageRecord, UsageSink
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -54,12 +55,15 @@ class Call:
     """The state of one request, shared with the disconnect watcher."""
 
     __slots__ = (
+        "body",
         "completion",
+        "entry",
         "estimated",
         "exchange",
         "finish",
         "gone",
         "http_status",
+        "keep",
         "model",
         "prompt",
         "replica",
@@ -76,8 +80,14 @@ class Call:
         "watch",
     )
 
-    def __init__(self, rid: str, model: str, target: str, stream: bool) -> None:
+    def __init__(self, rid: str, model: str, target: str, stream: bool,
+                 entry: KeyEntry | None = None, keep_body: bytes | None = None) -> None:
         self.rid = rid
+        self.entry = entry
+        """The key the request came with (None: the gateway runs without keys)."""
+        self.body = keep_body
+        self.keep: list[bytes] | None = None if keep_body is None else []
+        """The request's body and the answer's bytes, when its project keeps bodies."""
         self.model = model
         self.target = target
         self.stream = stream
@@ -131,6 +141,15 @@ class Proxy:
                       extra_headers: bytes, strip_usage: bool) -> None:
         """Runs the request to its end and answers the client; never raises."""
         call.timer = self.loop.call_later(DISCONNECT_WATCH_DELAY, self._watch, protocol, call)
+        if self.usage.ship is not None:
+            e = call.entry
+            self.usage.open(UsageOpen(
+                request_id=call.rid, model=call.model, started_at=call.started_at,
+                prompt_estimate=len(body) // 4,  # about 4 bytes of JSON per token
+                key_id=None if e is None else e.key_id, user_id=None if e is None else e.user_id,
+                project_id=None if e is None else e.project_id, team_id=None if e is None else e.team_id,
+                org_id=None if e is None else e.org_id,
+            ))
         try:
             await self._attempts(protocol, call, path, body, extra_headers, strip_usage)
         except Failure as f:
@@ -300,6 +319,8 @@ class Proxy:
             # The engine's own 4xx explains what is wrong with the request: relay it.
             call.status = "client_error"
             call.http_status = status
+            if call.keep is not None:
+                call.keep.append(data)
             protocol.response_bytes(status, [("content-type", ctype.decode("latin-1") or JSON),
                                              ("x-request-id", call.rid)], data)
             return
@@ -312,6 +333,8 @@ class Proxy:
         if s.error is not None:
             call.status = "upstream_error"
         call.http_status = status
+        if call.keep is not None:
+            call.keep.append(s.body)
         protocol.response_bytes(status, [("content-type", ctype.decode("latin-1") or JSON),
                                          ("x-request-id", call.rid)], s.body)
 
@@ -321,6 +344,7 @@ class Proxy:
         tap = _core.StreamTap(strip_usage, call.target if rename else None, call.model if rename else None)
         transport = None
         t0 = call.t0
+        keep = call.keep
         try:
             while (chunk := await ex.read_chunk(self.idle, deadline)) is not None:
                 out = tap.feed(chunk)
@@ -332,9 +356,13 @@ class Proxy:
                     call.ttft = time.perf_counter() - t0
                 if out:
                     transport = transport or _open_stream(protocol, call)
+                    if keep is not None:
+                        keep.append(out)
                     await transport.send_bytes(out)
             tail = tap.finish()
             if tail:
+                if keep is not None:
+                    keep.append(tail)
                 transport = transport or _open_stream(protocol, call)
                 await transport.send_bytes(tail)
         except ProtocolClosed:
@@ -400,8 +428,22 @@ class Proxy:
             ttft_ms=None if call.ttft is None else round(call.ttft * 1000, 3),
             duration_ms=round(duration * 1000, 3), finish_reason=call.finish,
             retries=call.retries, started_at=call.started_at,
-            route=None if call.route is None else msgspec.Raw(call.route.encode()),
+            route=NULL if call.route is None else msgspec.Raw(call.route.encode()),
+            **_principal(call),
         ))
+
+
+def _principal(call: Call) -> dict[str, Any]:
+    """The usage record's fields naming who made the request, and its bodies when kept."""
+    e = call.entry
+    if e is None:
+        return {}
+    out: dict[str, Any] = {"key_id": e.key_id, "user_id": e.user_id, "project_id": e.project_id,
+                           "team_id": e.team_id, "org_id": e.org_id}
+    if call.keep is not None and call.body is not None:
+        out["request_body"] = msgspec.Raw(call.body)
+        out["response_body"] = b"".join(call.keep)
+    return out
 
 
 class _Retry(Exception):

@@ -2,8 +2,13 @@
 
 The request path only appends to a list. A flush task writes the batch every
 `interval` seconds; `close()` writes what is left, so a clean shutdown loses
-nothing. Today the sink is a JSON-lines file; the store issue puts the control
-plane behind the same `UsageSink.record` seam.
+nothing. Two destinations, either or both: a JSON-lines file (`usage_log`), and
+the control plane (`ship`): a `UsageBatch` of the requests forwarded since the
+last batch (opens), those that ended (finals) and each key's last use, posted to
+POST /internal/v1/usage. A batch the control plane did not take is kept and sent
+again with the next; past `max_pending` records new ones are dropped and counted,
+so an outage cannot exhaust the worker's memory (the opens already sent are then
+settled by the control plane as `interrupted`).
 """
 
 from __future__ import annotations
@@ -11,29 +16,72 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from llmgw.wire import UsageRecord
+from llmgw.wire import NULL, UsageBatch, UsageOpen, UsageRecord
 
 log = logging.getLogger("llmgw.gateway")
 
-__all__ = ["UsageRecord", "UsageSink"]
+__all__ = ["UsageOpen", "UsageRecord", "UsageSink"]
+
+Ship = Callable[[bytes], Awaitable[None]]
+
+MAX_BATCH_RECORDS = 2000
+"""Records per post at most: an outage's backlog leaves in several posts."""
+MAX_BATCH_BYTES = 16 << 20
+"""Bytes per post at most, well under what the control plane reads (32 MiB)."""
+
+
+class BatchRejected(Exception):
+    """The control plane answered that this batch is invalid (HTTP 400, 413, 422): never resent."""
+
+
+CLOSE_DEADLINE = 5.0
+"""Longest a clean shutdown keeps trying to hand the last batch to the control plane."""
 
 
 class UsageSink:
     """Collects records and writes them in batches."""
 
-    def __init__(self, path: str | None, interval: float = 0.5) -> None:
+    def __init__(self, path: str | None, interval: float = 0.5, *, ship: Ship | None = None,
+                 gateway_id: str = "", max_pending: int = 200_000) -> None:
         self.path = path
         self.interval = interval
+        self.ship = ship
+        """Posts one encoded UsageBatch to the control plane; None writes the file only."""
+        self.gateway_id = gateway_id
+        self.max_pending = max_pending
         self.pending: list[UsageRecord] = []
+        self.opens: list[UsageOpen] = []
+        self.finals: list[UsageRecord] = []
+        self.last_used: dict[str, float] = {}
+        self.dropped = 0
+        self.failures = 0
         self._task: asyncio.Task[None] | None = None
         self._encoder = msgspec.json.Encoder()
 
     def record(self, rec: UsageRecord) -> None:
-        """Queues one record; never blocks, never awaits."""
-        self.pending.append(rec)
+        """Queues one finished request; never blocks, never awaits."""
+        if self.path is not None:
+            self.pending.append(rec)
+        if self.ship is not None:
+            if len(self.finals) + len(self.opens) >= self.max_pending:
+                self.dropped += 1
+                return
+            self.finals.append(rec)
+            if rec.key_id is not None:
+                self.last_used[rec.key_id] = rec.started_at
+
+    def open(self, rec: UsageOpen) -> None:
+        """Queues a request just forwarded (control plane only); never blocks."""
+        if self.ship is None:
+            return
+        if len(self.finals) + len(self.opens) >= self.max_pending:
+            self.dropped += 1
+            return
+        self.opens.append(rec)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Starts the periodic flush."""
@@ -44,9 +92,10 @@ class UsageSink:
         while True:
             await asyncio.sleep(self.interval)
             self.flush()
+            await self.send()
 
     def flush(self) -> None:
-        """Writes what is pending."""
+        """Writes what is pending to the file."""
         if not self.pending:
             return
         batch, self.pending = self.pending, []
@@ -64,6 +113,60 @@ class UsageSink:
             log.error("cannot write usage records to %s (%s); keeping %d for the next try", self.path, e, len(batch))
             self.pending[:0] = batch
 
+    async def send(self) -> bool:
+        """Posts what is pending to the control plane; False when it must be tried again."""
+        if self.ship is None:
+            return True
+        if self.dropped:
+            log.error("usage: %d records dropped: the control plane has not taken any for a while and %d "
+                      "are waiting (usage_max_pending)", self.dropped, self.max_pending)
+            self.dropped = 0
+        while self.opens or self.finals or self.last_used:
+            n_open = min(len(self.opens), MAX_BATCH_RECORDS)
+            n_final = min(len(self.finals), MAX_BATCH_RECORDS - n_open)
+            last_used = dict(self.last_used)
+            body = self._batch(n_open, n_final, last_used)
+            # Kept bodies can make a batch large: fewer records per post, and a single
+            # record still too large for the control plane goes without its bodies.
+            while len(body) > MAX_BATCH_BYTES and n_open + n_final > 1:
+                if n_final > 1 or not n_open:
+                    n_final = max(n_final // 2, 1 if not n_open else 0)
+                else:
+                    n_open //= 2
+                body = self._batch(n_open, n_final, last_used)
+            if len(body) > MAX_BATCH_BYTES and n_final:
+                rec = self.finals[0]
+                log.warning("usage: the bodies of request %s are too large to send (%d bytes); not kept",
+                            rec.request_id, len(body))
+                self.finals[0] = msgspec.structs.replace(rec, request_body=NULL, response_body=None)
+                continue
+            try:
+                await self.ship(body)
+            except BatchRejected as e:
+                # Sending it again would be refused again, and hold up every later record.
+                log.error("usage: the control plane refused a batch of %d records (%s); dropped",
+                          n_open + n_final, e)
+            except Exception as e:  # noqa: BLE001 - kept and sent again, whatever went wrong
+                self.failures += 1
+                if self.failures == 1 or self.failures % 100 == 0:  # not every 0.25 s of an outage
+                    log.warning("usage: cannot post %d records to the control plane (%s); kept for the next "
+                                "try (%d failures in a row)", len(self.opens) + len(self.finals), e, self.failures)
+                return False
+            if self.failures:
+                log.warning("usage: the control plane takes records again after %d failures", self.failures)
+                self.failures = 0
+            # Sent (or refused for good): records queued meanwhile were appended after these.
+            del self.opens[:n_open]
+            del self.finals[:n_final]
+            for k, t in last_used.items():
+                if self.last_used.get(k) == t:
+                    del self.last_used[k]
+        return True
+
+    def _batch(self, n_open: int, n_final: int, last_used: dict[str, float]) -> bytes:
+        return self._encoder.encode(UsageBatch(gateway_id=self.gateway_id, opens=self.opens[:n_open],
+                                               finals=self.finals[:n_final], key_last_used=last_used))
+
     async def close(self) -> None:
         """Stops the flush task and writes everything that is left."""
         if self._task is not None:
@@ -74,3 +177,10 @@ class UsageSink:
                 pass
             self._task = None
         self.flush()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_DEADLINE
+        while not await self.send() and loop.time() < deadline:
+            await asyncio.sleep(0.1)  # back-off before the next try, bounded by the deadline
+        left = len(self.opens) + len(self.finals)
+        if left:
+            log.error("usage: %d records could not reach the control plane before shutdown", left)

@@ -1,0 +1,68 @@
+"""The routes gateways call with the gateway token: snapshot long-poll, usage batches, limit leases.
+
+Their handlers only reach the control plane's state through `req.state`:
+`snapshots` (`llmgw.control.snapshots.SnapshotPublisher`), `limits`
+(`llmgw.control.limits.LimitsAuthority`) and `ingest_usage(batch)` (the usage store).
+"""
+
+from __future__ import annotations
+
+from llmgw.wire import LeaseReply, LeaseRequest, Snapshot, UsageBatch
+
+from .route import ApiError, Param, Raw, Request, Route
+
+JSON = "application/json"
+
+
+async def snapshot(req: Request) -> Raw:
+    """Long-poll for the snapshot whose version is not `after`."""
+    raw = req.query.get("after")
+    after: int | None = None
+    if raw is not None and raw != "":
+        try:
+            after = int(raw)
+        except ValueError:
+            raise ApiError(400, "internal.bad_after",
+                           f"after must be a snapshot version (an integer), not {raw[:40]!r}", "after") from None
+    body = await req.state.snapshots.wait(after)
+    if body is None:
+        raise ApiError(503, "internal.snapshot_not_ready",
+                       "the control plane has not built its first snapshot yet; the gateway retries by itself")
+    return Raw(body, JSON)
+
+
+async def usage(req: Request) -> None:
+    """Takes one batch of usage from a gateway worker."""
+    batch = req.body
+    if not isinstance(batch, UsageBatch):
+        raise ApiError(400, "internal.bad_usage", "the body must be a UsageBatch (JSON)")
+    ingest = getattr(req.state, "ingest_usage", None)
+    if ingest is None:
+        raise ApiError(503, "internal.usage_not_ready",
+                       "this control plane does not take usage yet; the gateway keeps the batch and retries")
+    await ingest(batch)
+
+
+async def leases(req: Request) -> LeaseReply:
+    """Grants, takes back and reports limit units for one gateway worker."""
+    ask = req.body
+    if not isinstance(ask, LeaseRequest):
+        raise ApiError(400, "internal.bad_lease", "the body must be a LeaseRequest (JSON)")
+    reply: LeaseReply = await req.state.limits.lease(ask)
+    return reply
+
+
+ROUTES: list[Route] = [
+    Route("GET", "/internal/v1/snapshot", "Long-poll for the gateways' snapshot of keys and limits", snapshot,
+          description="Answers at once when the current version is not `after`, else waits up to 20 s "
+                      "for a change and answers the same version.",
+          query=(Param("after", "The version the gateway holds", "integer"),),
+          response=Snapshot, internal=True),
+    Route("POST", "/internal/v1/usage", "A gateway worker's batch of usage records", usage,
+          description="Opens (requests forwarded, not finished), finals and the keys' last use; "
+                      "idempotent per request id.",
+          request=UsageBatch, status=204, internal=True),
+    Route("POST", "/internal/v1/leases", "Lease, give back and report limit units", leases,
+          description="Request units and concurrency slots so that limits hold across every gateway.",
+          request=LeaseRequest, response=LeaseReply, internal=True),
+]

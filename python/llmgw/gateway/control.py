@@ -1,0 +1,122 @@
+"""The gateway worker's side of the control plane: the snapshot long-poll, lease calls, usage posts.
+
+All three are small HTTP/1.1 exchanges over the gateway's own upstream client
+(`upstream.Pool`: uvloop + httptools), with the gateway token. Nothing here runs
+on a request's path except `lease`, and that only when a worker's shares are
+empty (see `gateway.limits`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import msgspec
+
+from llmgw.config import ControlPlane
+from llmgw.wire import LeaseReply, LeaseRequest, Snapshot
+
+from .credentials import Credentials
+from .upstream import ConnectionBroken, Pool, UpstreamError
+from .usage import BatchRejected
+
+log = logging.getLogger("llmgw.gateway")
+
+LEASE_TIMEOUT = 2.0
+USAGE_TIMEOUT = 10.0
+_BACKOFF_MAX = 2.0
+
+
+class ControlError(Exception):
+    """The control plane answered, but not with what was asked for."""
+
+
+class ControlClient:
+    """HTTP calls from one gateway worker to `llmgw server`'s internal routes."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, cp: ControlPlane, creds: Credentials) -> None:
+        self.loop = loop
+        self.cp = cp
+        self.pool = Pool(loop, cp.host, cp.port, max_idle=8)
+        self._auth = b"Authorization: Bearer " + creds.token.encode() + b"\r\n"
+        self._lease_decoder = msgspec.json.Decoder(LeaseReply)
+        self._snapshot_decoder = msgspec.json.Decoder(Snapshot)
+        self._encoder = msgspec.json.Encoder()
+
+    async def call(self, method: bytes, path: bytes, body: bytes, timeout: float) -> tuple[int, bytes]:
+        """One request; returns (status, body). Raises UpstreamError when it cannot complete."""
+        deadline = self.loop.time() + timeout
+        head = (method + b" " + path + b" HTTP/1.1\r\nHost: " + self.pool.hostport + b"\r\n" + self._auth
+                + b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        fresh = False
+        while True:
+            ex = await self.pool.get(min(2.0, timeout))
+            ex.send(head, body)
+            try:
+                status = await ex.read_head(deadline)
+                parts = []
+                while (chunk := await ex.read_chunk(timeout, deadline)) is not None:
+                    parts.append(chunk)
+            except ConnectionBroken:
+                ex.close()
+                # A kept-alive connection the server closed while idle: once more, fresh.
+                if ex.reused and not ex.got_bytes and not fresh:
+                    fresh = True
+                    continue
+                raise
+            except BaseException:
+                ex.close()
+                raise
+            ex.finish()
+            return status, b"".join(parts)
+
+    async def lease(self, req: LeaseRequest) -> LeaseReply:
+        """POST /internal/v1/leases."""
+        status, body = await self.call(b"POST", b"/internal/v1/leases", self._encoder.encode(req), LEASE_TIMEOUT)
+        if status != 200:
+            raise ControlError(f"lease call answered HTTP {status}: {body[:200]!r}")
+        return self._lease_decoder.decode(body)
+
+    async def post_usage(self, body: bytes) -> None:
+        """POST /internal/v1/usage with one encoded UsageBatch."""
+        status, answer = await self.call(b"POST", b"/internal/v1/usage", body, USAGE_TIMEOUT)
+        if status in (400, 413, 422):
+            raise BatchRejected(f"HTTP {status}: {answer[:300]!r}")
+        if status not in (200, 204):
+            raise ControlError(f"usage post answered HTTP {status}: {answer[:200]!r}")
+
+    async def follow_snapshots(self, apply: Callable[[Snapshot], None]) -> None:
+        """Long-polls GET /internal/v1/snapshot forever, calling `apply` with each new version."""
+        after: int | None = None
+        backoff = 0.05
+        failures = 0
+        while True:
+            path = b"/internal/v1/snapshot" + (b"" if after is None else b"?after=%d" % after)
+            try:
+                status, body = await self.call(b"GET", path, b"", self.cp.snapshot_wait + 10.0)
+                if status == 401 or status == 403:
+                    raise ControlError(
+                        f"the control plane refused this gateway's token (HTTP {status}); give the gateway "
+                        "the data directory of `llmgw server` (--data-dir) or its LLMGW_GATEWAY_TOKEN")
+                if status != 200:
+                    raise ControlError(f"snapshot answered HTTP {status}: {body[:200]!r}")
+                snap = self._snapshot_decoder.decode(body)
+            except (UpstreamError, ControlError, msgspec.DecodeError) as e:
+                failures += 1
+                if failures == 1 or failures % 50 == 0:
+                    log.warning("cannot get the snapshot from the control plane at %s (%s); %d failures in a row",
+                                self.cp.url, e, failures)
+                await asyncio.sleep(backoff)  # back-off between reconnects, not a poll
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                continue
+            if failures:
+                log.warning("snapshot from the control plane at %s again, version %d", self.cp.url, snap.version)
+            failures, backoff = 0, 0.05
+            if snap.version != after:
+                apply(snap)
+                after = snap.version
+
+    def close(self) -> None:
+        """Closes idle connections."""
+        self.pool.close()

@@ -1,0 +1,73 @@
+"""The gateway's two secrets: the token it shows the control plane and the key that hashes API keys.
+
+Both are derived from the cluster secret (`<data-dir>/secret`, 64 hex characters)
+with `llmgw.secrets.derive` and one label per purpose, exactly as the control plane
+derives them. A gateway on another machine gets them from the environment instead:
+LLMGW_GATEWAY_TOKEN and LLMGW_KEY_HASH_SECRET (hex).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmgw.config import ConfigError, ControlPlane
+from llmgw.secrets import HASH_LABEL, derive
+
+TOKEN_ENV = "LLMGW_GATEWAY_TOKEN"
+HASH_KEY_ENV = "LLMGW_KEY_HASH_SECRET"
+GATEWAY_TOKEN_LABEL = "llmgw gateway token v1"
+"""The same label as `llmgw.control.server`'s (the gateway imports no control plane code)."""
+KEY_HASH_LABEL = HASH_LABEL
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What a gateway worker needs to talk to the control plane and to check keys."""
+
+    token: str
+    hash_key: bytes
+
+    def __repr__(self) -> str:
+        return "Credentials(token=****, hash_key=****)"
+
+
+def read_secret(data_dir: str | os.PathLike[str]) -> bytes:
+    """The cluster secret from `<data_dir>/secret` (raw bytes, or hex text)."""
+    path = Path(data_dir) / "secret"
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(
+            f"cannot read the control plane's secret {path}: {e.strerror}; give the data directory of "
+            f"`llmgw server` (--data-dir), or set {TOKEN_ENV} and {HASH_KEY_ENV}"
+        ) from None
+    text = raw.strip()
+    if len(text) == 64:
+        try:
+            return bytes.fromhex(text.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            pass
+    if len(raw) < 32:
+        raise ConfigError(f"the secret in {path} is {len(raw)} bytes; it must be at least 32")
+    return raw
+
+
+def load_credentials(cp: ControlPlane) -> Credentials:
+    """The gateway token and hash key, from the data directory or the environment."""
+    if cp.data_dir is not None:
+        secret = read_secret(cp.data_dir)
+        return Credentials(derive(secret, GATEWAY_TOKEN_LABEL).hex(), derive(secret, KEY_HASH_LABEL))
+    token = os.environ.get(TOKEN_ENV, "")
+    hexkey = os.environ.get(HASH_KEY_ENV, "")
+    if not token or not hexkey:
+        raise ConfigError(
+            f"the gateway needs the control plane's secret: give --data-dir (the directory of "
+            f"`llmgw server`), or set {TOKEN_ENV} and {HASH_KEY_ENV}"
+        )
+    try:
+        hash_key = bytes.fromhex(hexkey)
+    except ValueError:
+        raise ConfigError(f"{HASH_KEY_ENV} must be hex (64 characters)") from None
+    return Credentials(token, hash_key)

@@ -1,0 +1,396 @@
+"""Limits on the request path: forward only against what was leased from the control plane.
+
+Per scope (a key, a project) a worker holds a `Share`: request units from its
+latest lease (rpm), concurrency slots, and a lease of tokens (tpm, budgets) from
+which each request takes its estimate. A request takes what its key's share and
+its project's share need, synchronously when both have it. Otherwise it waits for
+the next lease call: one call at a time per worker carries what every waiting
+request needs, bounded by `wait`; then the fail mode applies (`Unavailable`).
+
+A background loop gives back what is not used (expired or idle units, slots idle
+for `idle_return`, token leases once their requests settled), reports tokens used
+beyond the estimates, and keeps the authority hearing from this worker while it
+holds slots. `llmgw.control.limits` says what each limit guarantees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from llmgw.wire import KeyEntry, LeaseAsk, LeaseGrant, LeaseReply, LeaseRequest, Limits
+
+log = logging.getLogger("llmgw.gateway")
+
+Lease = Callable[[LeaseRequest], Awaitable[LeaseReply]]
+
+NO_LIMITS = Limits()
+
+# How long a refusal is answered locally without asking again: short for concurrency
+# (a slot frees whenever a request ends), up to a second for the others, whose
+# authority gave an exact time.
+_DENIAL_CACHE = {"concurrency": 0.05}
+_DENIAL_CACHE_MAX = 1.0
+
+FORGET_AFTER = 120.0
+"""Seconds after which an unused share that holds nothing is dropped (memory stays bounded)."""
+
+_WHAT = {"rpm": "requests per minute", "tpm": "tokens per minute", "concurrency": "concurrent requests",
+         "budget": "token budget"}
+
+
+class Denied(Exception):
+    """A limit refuses the request: 429 with Retry-After."""
+
+    def __init__(self, scope: str, limit: str, retry_after: float) -> None:
+        self.scope = scope
+        self.limit = limit
+        self.retry_after = retry_after
+        kind, _, ident = scope.partition(":")
+        super().__init__(f"the {_WHAT.get(limit, limit)} limit of {kind} {ident} is reached; "
+                         f"it frees in {retry_after:.1f}s")
+
+
+class Unavailable(Exception):
+    """The authority did not answer in time: the fail mode decides."""
+
+
+class TokenLease:
+    """Tokens leased for one scope; requests take their estimates and settle what they used."""
+
+    __slots__ = ("balance", "id", "in_flight", "until")
+
+    def __init__(self, lease_id: int, tokens: int, until: float) -> None:
+        self.id = lease_id
+        self.balance = tokens
+        self.until = until
+        self.in_flight = 0
+
+
+class Share:
+    """What this worker holds for one scope: units (rpm), slots (concurrency), tokens (tpm, budget)."""
+
+    __slots__ = ("back", "denied", "denied_until", "has_conc", "has_rpm", "last_used", "lease", "limits",
+                 "metered", "retired", "retry_at", "scope", "slots_free", "slots_held", "tok", "tok_over",
+                 "units", "units_until", "want_slots", "want_tokens", "want_units")
+
+    def __init__(self, scope: str, limits: Limits) -> None:
+        self.scope = scope
+        self.limits = limits
+        self.has_rpm = self.has_conc = self.metered = False
+        self.set_limits(limits)
+        self.units = 0
+        self.units_until = 0.0
+        self.lease = 0
+        self.slots_free = 0
+        self.slots_held = 0
+        self.tok: TokenLease | None = None
+        """The token lease new requests take from."""
+        self.retired: list[TokenLease] = []
+        """Token leases no longer taken from, waiting for their requests to settle."""
+        self.back: dict[int, int] = {}
+        """Lease id -> what of it goes back, until the authority acknowledged it."""
+        self.tok_over = 0
+        self.want_units = 0
+        self.want_slots = 0
+        self.want_tokens = 0
+        self.denied: str | None = None
+        self.denied_until = 0.0
+        self.retry_at = 0.0
+        self.last_used = 0.0
+
+    def set_limits(self, limits: Limits) -> None:
+        """Takes the scope's limits from a (new) snapshot."""
+        self.limits = limits
+        self.has_rpm = limits.rpm is not None
+        self.has_conc = limits.concurrency is not None
+        self.metered = limits.tpm is not None or limits.budget_tokens is not None
+        """Tokens are leased for this scope (it has a tpm or a budget)."""
+
+    def ready(self, now: float) -> bool:
+        """A request can be admitted from what is held (the request path's check)."""
+        if self.has_rpm and (self.units <= 0 or self.units_until <= now):
+            return False
+        if self.has_conc and self.slots_free <= 0:
+            return False
+        if self.metered:
+            tok = self.tok
+            return tok is not None and tok.balance > 0 and tok.until > now
+        return True
+
+    def needs(self, now: float) -> tuple[bool, bool, bool]:
+        """(units, slot, tokens): what a request would have to wait for."""
+        tok = self.tok
+        return (
+            self.has_rpm and (self.units <= 0 or self.units_until <= now),
+            self.has_conc and self.slots_free <= 0,
+            # A balance above 0 admits one more request even when its estimate is larger:
+            # the bound `llmgw.control.limits` states (one request per worker and scope).
+            self.metered and (tok is None or tok.balance <= 0 or tok.until <= now),
+        )
+
+    def batch(self) -> int:
+        """Units to ask for at once: a small part of the rpm, so idle shares strand little."""
+        return max(1, min((self.limits.rpm or 0) // 30, 32))
+
+    def token_batch(self) -> int:
+        """Tokens to ask for beyond what the waiting requests need."""
+        lim = self.limits
+        limit = min(x for x in (lim.tpm, lim.budget_tokens, 1 << 40) if x is not None)
+        return max(1, min(limit // 30, 100_000))
+
+
+class Ticket:
+    """What one admitted request holds; given back by `Limiter.release`."""
+
+    __slots__ = ("cost", "leases", "slotted")
+
+    def __init__(self, slotted: tuple[Share, ...], leases: tuple[TokenLease, ...] = (), cost: int = 0) -> None:
+        self.slotted = slotted
+        self.leases = leases
+        self.cost = cost
+
+
+FREE = Ticket(())
+"""The ticket of a request no limit applies to (or admitted by the fail-open mode)."""
+
+
+class Limiter:
+    """One worker's shares of every limited key and project, and its lease calls."""
+
+    def __init__(self, gateway_id: str, lease: Lease, *, wait: float = 0.5, idle_return: float = 0.5,
+                 interval: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+        self.gateway_id = gateway_id
+        self.lease = lease
+        self.wait = wait
+        self.idle_return = idle_return
+        self.interval = interval
+        self.clock = clock
+        self.keys: dict[str, Share] = {}
+        self.projects: dict[str, Share] = {}
+        self.heartbeat = 1.0
+        self._last_call = 0.0
+        self._round: asyncio.Future[bool] | None = None
+        self._kick = asyncio.Event()
+        self.failures = 0
+
+    # -- the request path -------------------------------------------------------------
+    def _shares(self, entry: KeyEntry, project: Limits | None) -> tuple[Share, ...]:
+        out: tuple[Share, ...] = ()
+        if entry.limits != NO_LIMITS:
+            ks = self.keys.get(entry.key_id)
+            if ks is None:
+                ks = self.keys[entry.key_id] = Share("key:" + entry.key_id, entry.limits)
+                ks.last_used = self.clock()
+            elif ks.limits is not entry.limits:
+                ks.set_limits(entry.limits)
+            out = (ks,)
+        if project is not None and project != NO_LIMITS:
+            ps = self.projects.get(entry.project_id)
+            if ps is None:
+                ps = self.projects[entry.project_id] = Share("project:" + entry.project_id, project)
+                ps.last_used = self.clock()
+            elif ps.limits is not project:
+                ps.set_limits(project)
+            out += (ps,)
+        return out
+
+    def take(self, entry: KeyEntry, project: Limits | None, cost: int = 1) -> Ticket | None:
+        """Admits the request from what is held (no await), or None when a lease call is needed.
+
+        `cost` is the request's token estimate (tpm, budgets). Raises Denied while a
+        refusal from the authority still holds.
+        """
+        shares = self._shares(entry, project)
+        if not shares:
+            return FREE
+        now = self.clock()
+        for s in shares:
+            if not s.ready(now):
+                for t in shares:
+                    if not t.ready(now) and t.denied_until > now and t.denied is not None:
+                        raise Denied(t.scope, t.denied, max(t.retry_at - now, 0.0))
+                return None
+        slotted: tuple[Share, ...] = ()
+        leases: tuple[TokenLease, ...] = ()
+        for s in shares:
+            s.last_used = now
+            if s.has_rpm:
+                s.units -= 1
+            if s.has_conc:
+                s.slots_free -= 1
+                slotted += (s,)
+            tok = s.tok
+            if tok is not None and s.metered:
+                tok.balance -= cost
+                tok.in_flight += 1
+                leases += (tok,)
+        return Ticket(slotted, leases, cost)
+
+    async def acquire(self, entry: KeyEntry, project: Limits | None, cost: int = 1) -> Ticket:
+        """Admits the request, waiting for lease calls for at most `wait` seconds.
+
+        Raises Denied (429) or Unavailable (no answer in time: the fail mode decides).
+        """
+        deadline = self.clock() + self.wait
+        loop = asyncio.get_running_loop()
+        while True:
+            ticket = self.take(entry, project, cost)
+            if ticket is not None:
+                return ticket
+            now = self.clock()
+            for s in self._shares(entry, project):
+                units, slot, tokens = s.needs(now)
+                s.want_units += units
+                s.want_slots += slot
+                s.want_tokens += cost if tokens else 0
+            if self._round is None:
+                self._round = loop.create_future()
+            fut = self._round
+            self._kick.set()
+            remaining = deadline - now
+            if remaining <= 0:
+                raise Unavailable("no lease within the deadline")
+            try:
+                ok = await asyncio.wait_for(asyncio.shield(fut), remaining)
+            except TimeoutError:
+                raise Unavailable(f"the control plane did not answer within {self.wait:g}s") from None
+            if not ok:
+                raise Unavailable("the control plane cannot be reached")
+
+    def release(self, ticket: Ticket, tokens: int) -> None:
+        """The request ended (whatever way): its slots come back, its tokens are settled.
+
+        `tokens` is what it used (prompt + completion); the difference to its estimate
+        goes back to the token lease it took from.
+        """
+        for s in ticket.slotted:
+            s.slots_free += 1
+        diff = ticket.cost - tokens
+        for tok in ticket.leases:
+            tok.balance += diff
+            tok.in_flight -= 1
+
+    def in_flight(self) -> int:
+        """Slots in use by requests of this worker, over all scopes (0 when idle)."""
+        return sum(s.slots_held - s.slots_free for d in (self.keys, self.projects) for s in d.values())
+
+    # -- the lease calls --------------------------------------------------------------
+    async def close(self) -> None:
+        """Gives back everything unused now (clean shutdown), rather than when the authority reclaims it."""
+        self.idle_return = 0.0
+        self.heartbeat = 0.0
+        await self.round_trip()
+
+    async def run(self) -> None:
+        """Sends lease calls: at once when a request waits, else every `interval`."""
+        while True:
+            try:
+                await asyncio.wait_for(self._kick.wait(), self.interval)
+            except TimeoutError:
+                pass
+            self._kick.clear()
+            await self.round_trip()
+
+    def _settle(self, s: Share, now: float) -> bool:
+        """Moves what is unused into `back`; True when the authority must hear of it."""
+        quiet = now - s.last_used >= self.idle_return
+        tell = False
+        if s.units and (s.units_until <= now or quiet):
+            s.back[s.lease] = s.units
+            s.units = 0
+        tok = s.tok
+        if tok is not None and (tok.until <= now or quiet or tok.balance <= 0):
+            s.retired.append(tok)
+            s.tok = None
+        if s.retired:
+            keep = []
+            for t in s.retired:
+                if t.in_flight:
+                    keep.append(t)
+                elif t.balance > 0:
+                    s.back[t.id] = t.balance
+                elif t.balance < 0:
+                    s.tok_over -= t.balance
+            s.retired = keep
+        if s.slots_free and not s.want_slots and quiet:
+            s.slots_held -= s.slots_free
+            s.slots_free = 0
+            tell = True
+        return tell
+
+    def _collect(self, now: float) -> list[tuple[Share, LeaseAsk]]:
+        asks: list[tuple[Share, LeaseAsk]] = []
+        heartbeat = now - self._last_call >= self.heartbeat / 2
+        for d in (self.keys, self.projects):
+            for name, s in list(d.items()):
+                tell = self._settle(s, now)
+                if (now - s.last_used > FORGET_AFTER and s.tok is None and not s.retired and not (
+                        s.slots_held or s.units or s.back or s.tok_over or s.want_units or s.want_slots
+                        or s.want_tokens)):
+                    del d[name]  # a key not used for a while: its share is made again when it is
+                    continue
+                if not (s.want_units or s.want_slots or s.want_tokens or s.back or s.tok_over or tell
+                        or (heartbeat and s.slots_held)):
+                    continue
+                asks.append((s, LeaseAsk(
+                    scope=s.scope, limits=s.limits, slots_held=s.slots_held, slots=s.want_slots,
+                    units=max(s.want_units, s.batch()) if s.want_units else 0,
+                    tokens=s.want_tokens + s.token_batch() if s.want_tokens else 0,
+                    back=dict(s.back), tokens_over=s.tok_over,
+                )))
+                s.want_units = s.want_slots = s.want_tokens = 0
+        return asks
+
+    async def round_trip(self) -> None:
+        """One lease call with everything pending; wakes the requests waiting for it."""
+        now = self.clock()
+        asks = self._collect(now)
+        fut, self._round = self._round, None
+        if not asks:
+            if fut is not None:
+                fut.set_result(True)
+            return
+        try:
+            reply = await self.lease(LeaseRequest(gateway_id=self.gateway_id, asks=[a for _, a in asks]))
+        except Exception as e:  # noqa: BLE001 - whatever the transport raised, the fail mode decides
+            self.failures += 1
+            if self.failures == 1 or self.failures % 100 == 0:
+                log.warning("limits: lease call failed (%s); %d in a row", e, self.failures)
+            if fut is not None:
+                fut.set_result(False)
+            return
+        self.failures = 0
+        self._last_call = now
+        self.heartbeat = reply.heartbeat
+        for (s, ask), g in zip(asks, reply.grants, strict=False):
+            s.tok_over -= ask.tokens_over
+            for lease in ask.back:
+                s.back.pop(lease, None)
+            self._apply(s, g, now)
+        if fut is not None:
+            fut.set_result(True)
+
+    @staticmethod
+    def _apply(s: Share, g: LeaseGrant, now: float) -> None:
+        # Expiry counts from before the call: the authority's clock started later, so
+        # what was leased always expires here first.
+        if g.units:
+            if s.units:  # a lease asked for while units were left: those go back
+                s.back[s.lease] = s.units
+            s.units, s.units_until, s.lease = g.units, now + g.ttl, g.lease
+        if g.slots:
+            s.slots_free += g.slots
+            s.slots_held += g.slots
+        if g.tokens:
+            if s.tok is not None:
+                s.retired.append(s.tok)
+            s.tok = TokenLease(g.tokens_lease, g.tokens, now + g.ttl)
+        if g.denied is not None:
+            wait = g.retry_after or 1.0
+            s.denied, s.retry_at = g.denied, now + wait
+            s.denied_until = now + min(wait, _DENIAL_CACHE.get(g.denied, _DENIAL_CACHE_MAX))
+        elif g.units or g.slots or g.tokens:
+            s.denied = None

@@ -1,0 +1,129 @@
+"""The gateway's limiter in one process against the real authority: coalescing, release, fail mode."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmgw.control.limits import LimitsAuthority
+from llmgw.gateway.limits import FREE, Denied, Limiter, Unavailable
+from llmgw.wire import KeyEntry, LeaseReply, LeaseRequest, Limits
+
+
+def _entry(limits: Limits) -> KeyEntry:
+    return KeyEntry(key_id="key_1", hash="h", org_id="o", team_id="t", project_id="p", limits=limits)
+
+
+class Counting:
+    def __init__(self, auth: LimitsAuthority) -> None:
+        self.auth = auth
+        self.calls: list[LeaseRequest] = []
+
+    async def __call__(self, req: LeaseRequest) -> LeaseReply:
+        self.calls.append(req)
+        await asyncio.sleep(0)  # an answer comes later than the call, as over HTTP
+        return await self.auth.lease(req)
+
+
+async def _run(limiter: Limiter, coro: object) -> object:
+    task = asyncio.ensure_future(limiter.run())
+    try:
+        return await coro  # type: ignore[misc]
+    finally:
+        task.cancel()
+
+
+def test_unlimited_keys_never_call_the_authority() -> None:
+    limiter = Limiter("gw", Counting(LimitsAuthority()))
+    assert limiter.take(_entry(Limits()), None) is FREE
+
+
+def test_waiting_requests_share_one_lease_call_and_give_everything_back() -> None:
+    async def main() -> None:
+        lease = Counting(LimitsAuthority())
+        limiter = Limiter("gw", lease, idle_return=0.05, interval=0.01)
+        entry = _entry(Limits(rpm=6000, concurrency=40))
+
+        async def go() -> None:
+            t = limiter.take(entry, None) or await limiter.acquire(entry, None)
+            limiter.release(t, 5)
+
+        async def all_of_them() -> None:
+            await asyncio.gather(*(go() for _ in range(40)))
+
+        await _run(limiter, all_of_them())
+        # 40 requests at once: one call asked for all 40 slots.
+        asks = [a for c in lease.calls for a in c.asks if a.slots]
+        assert len(asks) == 1 and asks[0].slots == 40
+        assert limiter.in_flight() == 0
+        # Idle: the slots go back to the authority.
+        task = asyncio.ensure_future(limiter.run())
+        while lease.auth.in_flight("key:key_1"):
+            await asyncio.sleep(0.01)
+        task.cancel()
+        assert limiter.keys["key_1"].slots_held == 0
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_refusal_names_the_limit_and_is_answered_locally_meanwhile() -> None:
+    async def main() -> None:
+        lease = Counting(LimitsAuthority())
+        limiter = Limiter("gw", lease, interval=0.01)
+        entry = _entry(Limits(rpm=2))
+
+        async def three() -> None:
+            for _ in range(2):
+                assert (limiter.take(entry, None) or await limiter.acquire(entry, None)) is not None
+            with pytest.raises(Denied) as e:
+                limiter.take(entry, None) or await limiter.acquire(entry, None)
+            assert e.value.limit == "rpm" and 59 <= e.value.retry_after <= 60
+            n = len(lease.calls)
+            with pytest.raises(Denied):
+                limiter.take(entry, None)
+            assert len(lease.calls) == n  # the cached refusal did not call again
+
+        await _run(limiter, three())
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_an_unreachable_authority_makes_requests_unavailable_within_the_wait() -> None:
+    async def down(req: LeaseRequest) -> LeaseReply:
+        raise ConnectionRefusedError("connection refused")
+
+    async def main() -> None:
+        limiter = Limiter("gw", down, wait=0.2, interval=0.01)
+        entry = _entry(Limits(concurrency=1))
+
+        async def one() -> None:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            with pytest.raises(Unavailable):
+                await limiter.acquire(entry, None)
+            assert loop.time() - t0 < 0.3
+
+        await _run(limiter, one())
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_token_estimates_settle_to_what_requests_used() -> None:
+    async def main() -> None:
+        auth = LimitsAuthority()
+        limiter = Limiter("gw", Counting(auth), idle_return=0.05, interval=0.01)
+        entry = _entry(Limits(tpm=10_000))
+
+        async def some() -> None:
+            for _ in range(5):
+                t = limiter.take(entry, None, 300) or await limiter.acquire(entry, None, 300)
+                limiter.release(t, 40)  # estimated 300, used 40
+
+        await _run(limiter, some())
+        task = asyncio.ensure_future(limiter.run())
+        while auth.window_tokens("key:key_1") != 200:
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
