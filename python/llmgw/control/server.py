@@ -39,7 +39,9 @@ log = logging.getLogger("llmgw.control")
 # One line per part that runs beside the admin API (see the module docstring),
 # e.g. "llmgw.control.snapshots:attach". Attached in this order, stopped in reverse.
 ATTACH: tuple[str, ...] = (
-    "llmgw.control.usage:attach",
+    "llmgw.control.usage:attach",  # first: the limits read cp.used_tokens at attach
+    "llmgw.control.snapshots:attach",
+    "llmgw.control.limits:attach",
 )
 
 GATEWAY_TOKEN_LABEL = "llmgw gateway token v1"
@@ -73,6 +75,8 @@ class ControlPlane:
         self.usage: Any = None
         self.ingest_usage: Callable[[UsageBatch], Awaitable[None]] | None = None
         """Stores one gateway batch (set by control/usage.py)."""
+        self.used_tokens: Callable[[str, float], Awaitable[int]] | None = None
+        """Tokens a key or project used since a time (set by control/usage.py)."""
         self._db: Database | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._on_stop: list[Callable[[], Awaitable[None]]] = []

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from llmgw.store import StoreError
 from llmgw.store.snapshot import touch_keys
 from llmgw.store.usage import ingest, prune, settle_stale
+from llmgw.store.usage_report import tokens_used
 from llmgw.wire import UsageBatch
 
 if TYPE_CHECKING:
@@ -29,14 +30,20 @@ PRUNE_EVERY = 3600.0
 
 
 async def attach(cp: ControlPlane) -> None:
-    """Sets `cp.ingest_usage` and starts the settle and prune loops."""
+    """Sets `cp.ingest_usage` and `cp.used_tokens`, and starts the settle and prune loops."""
 
     async def ingest_usage(batch: UsageBatch) -> None:
         await ingest(cp.db, batch, time.time())
         if batch.key_last_used:
             await touch_keys(cp.db, batch.key_last_used)
 
+    async def used_tokens(scope: str, period_start: float) -> int:
+        return await tokens_used(cp.db, scope, period_start)
+
     cp.ingest_usage = ingest_usage
+    # Read by the limits authority when it (re)learns a budget's scope; attach order in
+    # ATTACH puts this part first.
+    cp.used_tokens = used_tokens
     cp.spawn(_settle(cp), "usage-settle")
     cp.spawn(_prune(cp), "usage-prune")
 

@@ -180,3 +180,18 @@ async def export(
         )
         for k, v in sorted(merged.items())
     ]
+
+
+async def tokens_used(db: Database, scope: str, since: float) -> int:
+    """Prompt and completion tokens of `key:<id>` or `project:<id>` since the hour holding
+    `since` (budgets start at a day, week or month, always an hour boundary). Read from the
+    hourly rollup, which holds final and interrupted requests: what budgets count."""
+    kind, _, ident = scope.partition(":")
+    column = {"key": "key_id", "project": "project_id"}.get(kind)
+    if column is None or not ident:
+        raise ValueError(f"scope {scope!r} is neither key:<id> nor project:<id>")
+    # `column` comes from the fixed table above, never from the caller's text.
+    total = await db.fetchval(
+        f"SELECT CAST(COALESCE(SUM(prompt_tokens + completion_tokens), 0) AS BIGINT) "
+        f"FROM usage_hourly WHERE {column} = $1 AND hour >= $2", ident, hour_of(since))
+    return int(total or 0)

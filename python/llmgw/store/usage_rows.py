@@ -28,7 +28,14 @@ _json = msgspec.json.Encoder()
 
 
 def _text(raw: msgspec.Raw | bytes | None) -> str | None:
-    return None if raw is None else bytes(raw).decode("utf-8", "replace")
+    # wire.NULL (raw JSON null) is how a record says "no route" or "no body".
+    if raw is None or raw == wire.NULL:
+        return None
+    return bytes(raw).decode("utf-8", "replace")
+
+
+def _kept(r: wire.UsageRecord) -> bool:
+    return r.request_body != wire.NULL or r.response_body is not None
 
 
 async def bulk_insert(
@@ -130,7 +137,7 @@ def _final_values(rec: wire.UsageRecord, gateway_id: str, now: float) -> tuple[A
         rec.completion_tokens,
         int(rec.usage_estimated),
         rec.finish_reason,
-        int(rec.request_body is not None),
+        int(_kept(rec)),
         now,
     )
 
@@ -144,12 +151,10 @@ async def write_finals(
     some first), None on SQLite (a single writer: all of them were).
     """
     if tx.dialect == "postgres":
-        kept = [r.request_id for r in recs if r.request_body is not None]
+        kept = [r.request_id for r in recs if _kept(r)]
         # Bodies travel in their own statement; do not ship them twice.
         slim = [
-            msgspec.structs.replace(r, request_body=None, response_body=None)
-            if r.request_body is not None or r.response_body is not None
-            else r
+            msgspec.structs.replace(r, request_body=wire.NULL, response_body=None) if _kept(r) else r
             for r in recs
         ]
         rows = await tx.fetch(_FINAL_PG, _json.encode(slim).decode(), gateway_id, now, kept)
@@ -168,7 +173,7 @@ async def write_bodies(tx: Database, recs: list[wire.UsageRecord]) -> None:
     rows = [
         (r.request_id, _text(r.request_body), _text(r.response_body))
         for r in recs
-        if r.request_body is not None or r.response_body is not None
+        if _kept(r)
     ]
     if rows:
         await bulk_insert(
