@@ -12,6 +12,11 @@ from typing import Annotated, Literal
 import msgspec
 
 Count = Annotated[int, msgspec.Meta(ge=1)]
+Tally = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+"""A count the store keeps in a BIGINT: bounded so that no batch can overflow one."""
+Instant = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
+"""Unix seconds (the bound keeps hour buckets inside a BIGINT)."""
+Millis = Annotated[float, msgspec.Meta(ge=0, le=1e12)]
 Amount = Annotated[int, msgspec.Meta(ge=0)]
 
 NULL = msgspec.Raw(b"null")
@@ -78,18 +83,18 @@ class UsageRecord(msgspec.Struct, omit_defaults=False, kw_only=True):
     status: str
     """ok, client_error, upstream_error, timeout, cancelled, no_replica, rate_limited,
     unauthorized; `interrupted` is set by the control plane for a request whose gateway died."""
-    http_status: int
+    http_status: Annotated[int, msgspec.Meta(ge=0, le=999)]
     stream: bool
-    prompt_tokens: int
-    completion_tokens: int
+    prompt_tokens: Tally
+    completion_tokens: Tally
     usage_estimated: bool
     """True when the upstream never reported usage (it failed or the client left):
     completion_tokens then counts the generated chunks that reached us."""
-    ttft_ms: float | None
-    duration_ms: float
+    ttft_ms: Millis | None
+    duration_ms: Millis
     finish_reason: str | None
-    retries: int
-    started_at: float
+    retries: Tally
+    started_at: Instant
     route: msgspec.Raw = msgspec.field(default_factory=_null)
     """The router's decision: policy, matched prefix, candidates' scores (JSON from Rust);
     NULL when no replica was picked."""
@@ -111,8 +116,8 @@ class UsageOpen(msgspec.Struct, kw_only=True):
 
     request_id: str
     model: str
-    started_at: float
-    prompt_estimate: int
+    started_at: Instant
+    prompt_estimate: Tally
     key_id: str | None = None
     user_id: str | None = None
     project_id: str | None = None
@@ -128,7 +133,7 @@ class UsageBatch(msgspec.Struct, kw_only=True):
     it has not heard from that id for a while."""
     opens: list[UsageOpen] = msgspec.field(default_factory=list)
     finals: list[UsageRecord] = msgspec.field(default_factory=list)
-    key_last_used: dict[str, float] = msgspec.field(default_factory=dict)
+    key_last_used: dict[str, Instant] = msgspec.field(default_factory=dict)
     """Key id -> latest use seen in this batch (the keys' `last_used_at`)."""
 
 
@@ -140,6 +145,10 @@ class UsageBatch(msgspec.Struct, kw_only=True):
 # sum over every worker and process stays within each limit by construction.
 
 
+Scope = Annotated[str, msgspec.Meta(pattern=r"^(key|project):[A-Za-z0-9_-]{1,64}$")]
+"""What a limit applies to: `key:<key_id>` or `project:<project_id>`."""
+
+
 class LeaseAsk(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One scope's part of a lease call: what the gateway wants, gives back and reports.
 
@@ -147,7 +156,7 @@ class LeaseAsk(msgspec.Struct, kw_only=True, omit_defaults=True):
     so a call repeated after a lost answer counts once.
     """
 
-    scope: str
+    scope: Scope
     """`key:<key_id>` or `project:<project_id>`."""
     limits: Limits
     """The scope's limits as the gateway's snapshot has them (the authority keeps the latest)."""

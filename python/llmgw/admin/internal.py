@@ -40,7 +40,34 @@ async def usage(req: Request) -> None:
     if ingest is None:
         raise ApiError(503, "internal.usage_not_ready",
                        "this control plane does not take usage yet; the gateway keeps the batch and retries")
-    await ingest(batch)
+    await ingest(clean_batch(batch))
+
+
+_TEXT_FIELDS = ("request_id", "model", "upstream_model", "replica", "status", "finish_reason",
+                "key_id", "user_id", "project_id", "team_id", "org_id")
+
+
+def _clean(s: str) -> str:
+    # What a client sent (a model name, a request id) can reach these fields; a NUL or
+    # a lone surrogate cannot be stored as text, and refusing the batch would lose every
+    # other record in it. Replaced instead: accounting goes on with a readable mark.
+    if s.isascii():
+        return s.replace("\x00", "\ufffd") if "\x00" in s else s
+    return s.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
+
+
+def clean_batch(batch: UsageBatch) -> UsageBatch:
+    """The batch with every text field storable (no NUL, no lone surrogate)."""
+    for rec in (*batch.opens, *batch.finals):
+        for name in _TEXT_FIELDS:
+            value = getattr(rec, name, None)
+            if isinstance(value, str):
+                fixed = _clean(value)
+                if fixed is not value:
+                    setattr(rec, name, fixed)
+    batch.gateway_id = _clean(batch.gateway_id)
+    batch.key_last_used = {_clean(k): v for k, v in batch.key_last_used.items()}
+    return batch
 
 
 async def leases(req: Request) -> LeaseReply:

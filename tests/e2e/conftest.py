@@ -1,0 +1,88 @@
+"""A real control plane (`llmgw server`), simulators and gateways, for issue 5's end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw.cli.ctl.client import Client
+from llmgw.control.datadir import read_admin_token
+from tests.procs import Proc, free_port, start_process
+
+SERVER_READY = "llmgw control plane listening on"
+GATEWAY_READY = "llmgw gateway listening on"
+SIM_READY = "llmgw-sim listening on"
+
+
+class Cluster:
+    """One control plane and the processes started against it; everything stops at the end."""
+
+    def __init__(self, tmp: Path, settings: dict[str, Any] | None = None) -> None:
+        self.tmp = tmp
+        self.data_dir = tmp / "data"
+        self.procs: list[Proc] = []
+        args = [sys.executable, "-m", "llmgw.cli.main", "server", "--data-dir", str(self.data_dir),
+                "--port", str(free_port())]
+        if settings:
+            cfg = tmp / "server.yaml"
+            cfg.write_text(json.dumps({"control_plane": settings}))
+            args += ["--config", str(cfg)]
+        self.server = self._start(args, SERVER_READY)
+        self.admin = Client(self.server.url, read_admin_token(self.data_dir), timeout=30)
+
+    def _start(self, args: list[str], ready: str) -> Proc:
+        proc = start_process(args, ready, timeout=60)
+        self.procs.append(proc)
+        return proc
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One admin API call that must succeed; returns its JSON."""
+        answer = self.admin.call(method, path, body=None if body is None else json.dumps(body).encode())
+        assert answer.status < 300, (method, path, answer.status, answer.body)
+        return json.loads(answer.body)
+
+    def key(self, limits: dict[str, Any] | None = None, project_limits: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A key in a fresh project acme/ml/<n>; returns the issued key (with `key`, `id`)."""
+        if not self.call("GET", "/api/v1/orgs"):
+            self.call("POST", "/api/v1/orgs", {"name": "acme"})
+            self.call("POST", "/api/v1/teams", {"org": "acme", "name": "ml"})
+        name = f"p{len(self.call('GET', '/api/v1/projects'))}"
+        self.call("POST", "/api/v1/projects", {"team": "acme/ml", "name": name,
+                                               **({"limits": project_limits} if project_limits else {})})
+        body: dict[str, Any] = {"project": f"acme/ml/{name}", "name": "test"}
+        if limits:
+            body["limits"] = limits
+        issued: dict[str, Any] = self.call("POST", "/api/v1/keys", body)
+        return issued
+
+    def sim(self, *args: str) -> Proc:
+        """A simulator serving sim-model."""
+        port = free_port()
+        return self._start([sys.executable, "-m", "llmgw.sim", "--port", str(port),
+                            "--model", "sim-model", *args], SIM_READY)
+
+    def gateway(self, sim: Proc, workers: int = 1) -> Proc:
+        """A gateway in front of `sim`, taking keys and limits from this control plane."""
+        port = free_port()
+        return self._start([sys.executable, "-m", "llmgw.cli.main", "gateway", "--port", str(port),
+                            "--workers", str(workers), "--endpoint", f"sim-0={sim.url}=sim-model",
+                            "--control-plane", self.server.url, "--data-dir", str(self.data_dir)],
+                           GATEWAY_READY)
+
+    def stop(self) -> None:
+        """Stops everything, newest first."""
+        for p in reversed(self.procs):
+            p.terminate()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A control plane with default settings."""
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()

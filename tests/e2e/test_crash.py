@@ -1,0 +1,100 @@
+"""A gateway killed with SIGKILL under load: every request it forwarded more than a second
+before is accounted for exactly once (final, or settled as interrupted), none twice.
+
+The engine's request log is the witness of what was forwarded; the control plane's
+request records and its usage rollup are what was accounted.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Cluster
+
+SILENT_FOR = 3.0
+LOAD_FOR = 3.0
+
+
+def _stream(url: str, key: str, rid: str) -> None:
+    body = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 30, "stream": True}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST", headers={
+        "authorization": f"Bearer {key}", "content-type": "application/json", "x-request-id": rid})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
+        pass  # the gateway is killed under us: expected
+
+
+def test_sigkill_under_load_accounts_each_forwarded_request_once(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, {"gateway_silent_for": SILENT_FOR})
+    try:
+        log = tmp_path / "received.log"
+        # ~1.5 s per request: many are mid-stream when the gateway dies.
+        sim = cluster.sim("--request-log", str(log), "--ttft-ms", "20", "--itl-ms", "50",
+                          "--output-tokens", "30")
+        key = cluster.key()
+        gw = cluster.gateway(sim)
+        stop = threading.Event()
+        counter = iter(range(1_000_000))
+
+        def client() -> None:
+            while not stop.is_set():
+                _stream(gw.url, key["key"], f"crash-{next(counter)}")
+
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(LOAD_FOR)
+        killed_at = time.time()
+        gw._signal(signal.SIGKILL)
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+
+        forwarded = {line.split()[0]: float(line.split()[1]) for line in log.read_text().splitlines()}
+        early = sorted(rid for rid, at in forwarded.items() if at < killed_at - 1.0)
+        assert len(early) >= 10, f"too little load to mean anything: {len(early)}"
+
+        def record(rid: str) -> dict[str, Any] | None:
+            answer = cluster.admin.call("GET", f"/api/v1/requests/{rid}")
+            if answer.status == 404:
+                return None
+            assert answer.status == 200, answer.body
+            view: dict[str, Any] = json.loads(answer.body)
+            return view
+
+        # The control plane settles a silent gateway's open requests after SILENT_FOR
+        # (checked every 2 s); wait for that, bounded.
+        deadline = time.monotonic() + SILENT_FOR + 15
+        while True:
+            views = {rid: record(rid) for rid in early}
+            pending = [rid for rid, v in views.items() if v is None or v["state"] == "open"]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"{len(pending)} of {len(early)} forwarded requests never accounted: {pending[:5]}")
+            time.sleep(0.5)
+        states = [v["state"] for v in views.values() if v is not None]
+        assert set(states) <= {"final", "interrupted"}
+        assert "interrupted" in states, "some requests were mid-stream at the kill"
+
+        # None twice: the rollup counts exactly the requests that have a record.
+        accounted = [rid for rid in forwarded if (v := record(rid)) is not None and v["state"] != "open"]
+        rows = cluster.call("GET", "/api/v1/usage?by=project&since=1h")
+        assert sum(r["requests"] for r in rows) == len(accounted)
+        print(f"{len(forwarded)} forwarded, {len(early)} more than 1 s before the kill, "
+              f"{states.count('interrupted')} of those settled as interrupted, {len(accounted)} accounted")
+    finally:
+        cluster.stop()
