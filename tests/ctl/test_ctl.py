@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,7 +14,7 @@ import pytest
 from inline_snapshot import snapshot
 
 from llmgw.admin.matching import Router
-from llmgw.admin.route import Route
+from llmgw.admin.table import ROUTES
 from llmgw.cli.ctl.commands import COMMANDS
 from llmgw.cli.main import main
 from tests.admin.server import Server
@@ -36,14 +37,19 @@ def test_json_prints_the_servers_document(server: Server, capsys: pytest.Capture
     assert code == 0 and json.loads(out)["openapi"] == "3.1.0"
 
 
-def test_routes_table(server: Server, capsys: pytest.CaptureFixture[str],
-                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tables_for_people(server: Server, capsys: pytest.CaptureFixture[str],
+                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMGW_ADMIN_TOKEN", server.admin_token)
     monkeypatch.setenv("LLMGW_SERVER", server.url)
-    assert ctl(capsys, "api", "routes") == snapshot((0, """\
-METHOD  PATH                  SUMMARY
-GET     /api/v1/openapi.json  This document
+    assert ctl(capsys, "orgs", "create", "acme", "--rpm", "600")[0] == 0
+    assert ctl(capsys, "teams", "create", "acme", "ml")[0] == 0
+    code, out, err = ctl(capsys, "teams", "list")
+    out = re.sub(r"team_[a-z0-9]{16}", "team_ID", re.sub(r"\d{4}-\d\d-\d\dT[\d:]+Z", "TIME", out))
+    assert (code, out, err) == snapshot((0, """\
+ID                     PATH     MAX KEY TTL  LIMITS  CREATED
+team_ID  acme/ml  -            -       TIME
 """, ""))
+    assert ctl(capsys, "orgs", "create", "../etc") == snapshot((1, '', "error: the request body is invalid: Expected `str` matching regex '^[a-z0-9](?:[a-z0-9._-]{0,61}[a-z0-9])?$' - at `$.name`; GET /api/v1/openapi.json shows its schema [admin.invalid_body]\n"))
 
 
 def test_unreachable_server_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,11 +73,10 @@ hint: the token was read from --token-file TMP/token
     assert code == 4 and "no admin token" in err
 
 
-def test_every_command_calls_a_route_of_the_brief() -> None:
-    # Until the areas are merged the admin table has only the meta route; the
-    # command table is checked against itself: well-formed paths, one (noun, verb) each.
-    router = Router([Route(c.method, c.path, c.help, _nothing) for c in
-                     {(c.method, c.path): c for c in COMMANDS}.values()])
+def test_every_command_calls_a_mounted_route() -> None:
+    # Every ctl command names a route of the admin table, and its path arguments fill
+    # that route's {segments}; one (noun, verb) each.
+    router = Router(ROUTES)
     seen = set()
     for c in COMMANDS:
         assert (c.noun, c.verb) not in seen
@@ -82,10 +87,6 @@ def test_every_command_calls_a_route_of_the_brief() -> None:
         for a in c.args:
             if a.to == "path":
                 assert "{" + a.field + "}" in c.path, (c.noun, c.verb, a.flag)
-
-
-async def _nothing(req: Any) -> None:
-    return None
 
 
 # -- a stand-in server for the tenancy, keys and usage routes ---------------------
