@@ -45,6 +45,8 @@ def test_four_workers_forward_at_most_the_rpm(cluster: Cluster, tmp_path: Path) 
     assert elapsed < 60, "the test must finish inside one window for the bound to be the rpm"
     assert len(received) <= RPM + MARGIN, f"{len(received)} forwarded against a {RPM} rpm key"
     assert statuses.count(200) == len(received)
-    assert set(statuses) <= {200, 429}, statuses
+    # 503 is the documented fail mode when a lease does not come back within lease_wait
+    # (a loaded 2-core machine can take that long); it forwards nothing either.
+    assert set(statuses) <= {200, 429, 503}, statuses
     # Leases are small and given back: most of the minute's allowance is usable.
     assert len(received) >= RPM * 2 // 3, f"only {len(received)} of {RPM} allowed got through"

@@ -74,7 +74,7 @@ def final(
         org_id="org_a",
         request_body=msgspec.Raw(b'{"model":"' + model.encode() + b'","messages":[]}')
         if body
-        else None,
+        else wire.NULL,
         response_body=b'{"choices":[]}' if body else None,
         **kw,
     )

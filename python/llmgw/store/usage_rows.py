@@ -35,7 +35,7 @@ def _text(raw: msgspec.Raw | bytes | None) -> str | None:
 
 
 def _kept(r: wire.UsageRecord) -> bool:
-    return r.request_body != wire.NULL or r.response_body is not None
+    return (r.request_body is not None and r.request_body != wire.NULL) or r.response_body is not None
 
 
 async def bulk_insert(
