@@ -62,14 +62,43 @@ class KeyEntry(msgspec.Struct, kw_only=True):
     """The key's project keeps request bodies (unless a request says no_store)."""
 
 
+class ReplicaEntry(msgspec.Struct, kw_only=True):
+    """One ready replica the control plane placed: the gateway routes to it."""
+
+    id: str
+    model: str
+    """The catalog name the replica serves (the name engines are started with)."""
+    url: str
+    """http://HOST:PORT of the engine."""
+    engine_key: str | None = None
+    """Sent to the engine as `Authorization: Bearer`; engines the agent started refuse others."""
+    kv_events: str | None = None
+    kv_replay: str | None = None
+
+
+class ModelEntry(msgspec.Struct, kw_only=True):
+    """A model of the catalog, whether or not a replica of it is ready."""
+
+    name: str
+    aliases: list[str] = msgspec.field(default_factory=list)
+    scale_from_zero: bool = True
+    """A request for it with no ready replica asks the control plane for one and waits."""
+    scale_up_timeout: float = 300.0
+    """How long such a request waits for the first replica."""
+
+
 class Snapshot(msgspec.Struct, kw_only=True):
-    """Everything a gateway needs to authenticate and limit, pushed by the control plane."""
+    """Everything a gateway needs to authenticate, limit and route, pushed by the control plane."""
 
     version: int
     keys: list[KeyEntry] = msgspec.field(default_factory=list)
     """Revoked and deleted keys are simply absent."""
     projects: dict[str, Limits] = msgspec.field(default_factory=dict)
     """Project id -> the project's limits (shared by all its keys)."""
+    models: list[ModelEntry] = msgspec.field(default_factory=list)
+    """The catalog's models (the control-plane issue); empty when the control plane places none."""
+    replicas: list[ReplicaEntry] = msgspec.field(default_factory=list)
+    """Ready replicas, added to the gateway's own `endpoints`; draining ones are already gone."""
 
 
 class UsageRecord(msgspec.Struct, omit_defaults=False, kw_only=True):
