@@ -225,8 +225,9 @@ class Fleet:
         """Reconciles every `reconcile_every` seconds and whenever woken, forever."""
         failures = 0
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.settings.reconcile_every)
+            try:  # not wait_for: see SnapshotPublisher.follow
+                async with asyncio.timeout(self.settings.reconcile_every):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

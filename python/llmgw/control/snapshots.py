@@ -94,8 +94,12 @@ class SnapshotPublisher:
         """
         failures = 0
         while True:
+            # asyncio.timeout, not wait_for: on 3.11, wait_for whose inner wait has just
+            # finished swallows a cancel (gh-86296), and stop() then waits forever for this
+            # task (a poke right before a stop hung the control plane's shutdown).
             try:
-                await asyncio.wait_for(self._poke.wait(), every)
+                async with asyncio.timeout(every):
+                    await self._poke.wait()
             except TimeoutError:
                 pass
             self._poke.clear()
