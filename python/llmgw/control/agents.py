@@ -180,7 +180,7 @@ class AgentService(AgentServiceServicer):
 async def serve(fleet: Fleet, settings: Settings) -> grpc.aio.Server | None:
     """Starts the agent service, or says why it does not and returns None."""
     if not settings.agent_insecure:
-        log.warning("the agent port is closed: mutual TLS for agents is not built yet; set "
+        log.info("the agent port is closed: mutual TLS for agents is not built yet; set "
                     "control_plane.agent_insecure: true to take agents on this machine in "
                     "plaintext on %s:%d", settings.agent_host, settings.agent_port)
         return None
@@ -197,5 +197,5 @@ async def serve(fleet: Fleet, settings: Settings) -> grpc.aio.Server | None:
         raise RuntimeError(f"cannot listen for agents on {address}: {e}; is another control plane "
                            "using it? Set control_plane.agent_port") from e
     await server.start()
-    log.warning("%s %s (plaintext, loopback only)", READY_LINE, address)
+    log.info("%s %s (plaintext, loopback only)", READY_LINE, address)
     return server
