@@ -8,6 +8,7 @@ loop. Nothing here runs in granian's parent process, so nothing is forked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
+from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
 from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
@@ -136,6 +138,8 @@ class Gateway:
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         for t in self._tasks:
             t.cancel()
+        if self.waker is not None:
+            self.waker.close()
         if self.limiter is not None:
             # Slots and unused units go back now rather than when the authority reclaims them.
             loop.run_until_complete(self.limiter.close())
@@ -293,8 +297,9 @@ class Gateway:
         waited = time.perf_counter() - t0
         if outcome == "gone":
             self.metrics.request(model, "cancelled", waited, None, 0, 0)
-            # Answered anyway: RSGI expects a response, and writing to a closed connection is harmless.
-            self._error(protocol, rid, Kind.UPSTREAM_FAILED, "client disconnected")
+            # Answered anyway: RSGI expects a response to every request.
+            with contextlib.suppress(ProtocolClosed):
+                self._error(protocol, rid, Kind.UPSTREAM_FAILED, "client disconnected")
             return False
         self.metrics.request(model, "no_replica", waited, None, 0, 0)
         if outcome == "refused":

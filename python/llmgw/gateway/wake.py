@@ -105,6 +105,13 @@ class Waker:
                 self._refuse(w, f"model {model!r} was removed from the catalog, or no longer scales "
                                 f"from zero, while the request waited for a replica")
 
+    def close(self) -> None:
+        """Cancels the wake calls in flight (the worker stops)."""
+        for w in self._pending.values():
+            if w.task is not None:
+                w.task.cancel()
+        self._pending.clear()
+
     def _forget(self, model: str, w: _Wait) -> None:
         if w.task is not None and not w.task.done():
             w.task.cancel()
