@@ -9,6 +9,7 @@ last, so every round of every target runs against the same processes.
 from __future__ import annotations
 
 import math
+import shlex
 import sys
 import tempfile
 import time
@@ -18,6 +19,8 @@ from pathlib import Path
 import uvloop
 
 from bench import peers as peers_mod
+from bench.keyed import NAME as KEYED
+from bench.keyed import Keyed
 from bench.load import LoadSpec, run_load
 from bench.procs import Sampler, Server, free_port
 from bench.report import DIRECT, Round, Row, Target, versions
@@ -43,6 +46,9 @@ class Stack:
     servers: dict[str, Server] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="llmgw-bench-")))
+    keyed: Keyed | None = None
+    api_keys: dict[str, str] = field(default_factory=lambda: dict(peers_mod.API_KEYS))
+    """The bearer token each target wants; others get `bench`."""
 
     def start(self, with_llmgw: bool = True) -> None:
         """Starts the upstream, then llmgw, then each peer; a peer that fails is recorded, not fatal."""
@@ -98,6 +104,9 @@ class Stack:
             self._start_peer(name, sim.url)
 
     def _start_peer(self, name: str, upstream: str) -> None:
+        if name == KEYED:
+            self._start_keyed(upstream)
+            return
         peer = peers_mod.PEERS[name]
         t = Target(name=name, kind="gateway", version=peer.version, command=[])
         self.targets.append(t)
@@ -117,6 +126,26 @@ class Stack:
         t.command, t.url = srv.args, srv.url
         self.servers[name] = srv
 
+    def _start_keyed(self, upstream: str) -> None:
+        t = Target(
+            name=KEYED,
+            kind="gateway",
+            version=versions("llmgw")["llmgw"],
+            command=[],
+            notes="llmgw gateway --control-plane: API key, rpm/tpm limits and usage on",
+        )
+        self.targets.append(t)
+        try:
+            self.keyed = Keyed(llmgw_bin(), upstream, MODEL, self.workdir)
+        except (RuntimeError, OSError) as e:
+            t.status = f"start failed: {str(e)[-600:]}"
+            return
+        assert self.keyed.gateway is not None
+        t.command, t.url = self.keyed.gateway_args, self.keyed.gateway.url
+        t.notes += "; control plane: " + shlex.join(self.keyed.server_args)
+        self.servers[KEYED] = self.keyed.gateway
+        self.api_keys[KEYED] = self.keyed.key
+
     def live(self) -> list[str]:
         """Names of the targets that are up, direct first."""
         return [t.name for t in self.targets if t.status == "ok" and t.name in self.servers]
@@ -124,7 +153,10 @@ class Stack:
     def stop(self) -> None:
         """Stops everything, peers first and the upstream last."""
         for name in reversed(list(self.servers)):
-            self.servers[name].stop()
+            if name == KEYED and self.keyed is not None:
+                self.keyed.stop()  # the gateway, then its control plane
+            else:
+                self.servers[name].stop()
         self.servers.clear()
 
 
@@ -161,7 +193,7 @@ def run_rounds(
             stream=stream,
             max_tokens=max_tokens,
             timeout=30.0,
-            api_key=peers_mod.API_KEYS.get(name, "bench"),
+            api_key=stack.api_keys.get(name, "bench"),
         )
         if (
             name not in warmed

@@ -22,6 +22,7 @@ from pathlib import Path
 import msgspec
 import uvloop
 
+from bench.keyed import NAME as KEYED
 from bench.load import LoadSpec, run_load
 from bench.procs import Sampler, group_pids, rss_bytes
 from bench.report import (
@@ -73,7 +74,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--peers",
-        default="vllm-router,sglang-router,litellm",
+        default="llmgw-keys,vllm-router,sglang-router,litellm",
         help="comma-separated peers to include ('' for none)",
     )
     p.add_argument("--concurrency", help="comma-separated levels instead of the scenario's")
@@ -137,6 +138,9 @@ def run_scenario(args: argparse.Namespace) -> int:
                 stack, plan, round_s=round_s, stream=sc.stream, max_tokens=tokens
             )
             order = live
+            if stack.keyed is not None and KEYED in live:
+                # Before stopping: exact usage means every 200 the gateway answered is counted.
+                figures.update(stack.keyed.usage_check())
     finally:
         stack.stop()
     machine.loadavg_end = list(os.getloadavg())
@@ -209,6 +213,12 @@ def _figures(
                 out[f"llmgw_minus_vllm_router_p99_ms_c{lvl}"] = (
                     a.p99_ms["median"] - b.p99_ms["median"]
                 )
+            k = by.get((KEYED, lvl))
+            if a and k and a.rps["median"] > 0:
+                # Issue 5: keys, limits and usage on cost at most 10% (rps ratio >= 0.9).
+                out[f"llmgw_keys_over_llmgw_rps_c{lvl}"] = k.rps["median"] / a.rps["median"]
+                out[f"llmgw_keys_over_llmgw_p50_c{lvl}"] = k.p50_ms["median"] / a.p50_ms["median"]
+                out[f"llmgw_keys_over_llmgw_p99_c{lvl}"] = k.p99_ms["median"] / a.p99_ms["median"]
     return out
 
 

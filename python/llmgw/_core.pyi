@@ -136,7 +136,7 @@ class Router:
         """Like `pick`, for a request body: the prompt (a chat's whole rendered
         conversation when `chat`, else the completion's `prompt`) is read from
         the body in Rust. Returns the index and the reason as compact JSON:
-        policy, kind, unit, matched, total, guard, fallback, candidates."""
+        policy, kind, unit, matched, total, guard, bound, fallback, candidates."""
 
     def release(self, index: int) -> None:
         """Ends one outstanding request on a replica."""

@@ -157,14 +157,18 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         if dup:
             raise ValueError(f"endpoint ids must be unique; repeated: {', '.join(sorted(dup))}")
         served = {m for e in self.endpoints for m in e.models}
+        # With a control plane, the models it places (its catalog) are served too; the
+        # gateway learns them only from its snapshot, so names are checked here only
+        # against the configured endpoints when there is no control plane.
+        placed = self.control_plane is not None
         for model, settings in self.routing.items():
-            if model not in served:
+            if model not in served and not placed:
                 raise ValueError(f"routing is set for model {model!r}, which no endpoint serves")
             tok = settings.get("tokenizer")
             if tok is not None and not isinstance(tok, str):
                 raise ValueError(f"routing.{model}.tokenizer must be a directory path")
         for alias, target in self.aliases.items():
-            if target not in served:
+            if target not in served and not placed:
                 raise ValueError(
                     f"alias {alias!r} points to {target!r}, which no endpoint serves"
                 )

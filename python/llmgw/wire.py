@@ -2,7 +2,7 @@
 
 The gateway never imports the control plane's code and the control plane never
 imports the gateway's: they share these Structs and the HTTP paths under
-`/internal/v1/` (snapshot, usage, leases), all msgspec-encoded.
+`/internal/v1/` (snapshot, usage, leases, wake), all msgspec-encoded.
 """
 
 from __future__ import annotations
@@ -85,6 +85,21 @@ class ModelEntry(msgspec.Struct, kw_only=True):
     """A request for it with no ready replica asks the control plane for one and waits."""
     scale_up_timeout: float = 300.0
     """How long such a request waits for the first replica."""
+
+
+class WakeRequest(msgspec.Struct, kw_only=True):
+    """POST /internal/v1/wake: a gateway holds requests for a model with no ready replica."""
+
+    model: str
+    """The catalog name (the gateway has already resolved aliases)."""
+
+
+class WakeReply(msgspec.Struct, kw_only=True):
+    """The control plane took the wake: the gateway now waits for a snapshot with a replica."""
+
+    model: str
+    replicas: int = 1
+    """Replicas the control plane now wants for the model."""
 
 
 class Snapshot(msgspec.Struct, kw_only=True):

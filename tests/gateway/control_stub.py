@@ -1,9 +1,11 @@
-"""A stand-in for `llmgw server` in the gateway's tests: the three internal routes, nothing else.
+"""A stand-in for `llmgw server` in the gateway's tests: the internal routes, nothing else.
 
 A plain asyncio HTTP/1.1 server on its own thread and loop, serving
 `llmgw.admin.internal.ROUTES` with the real `SnapshotPublisher` and
-`LimitsAuthority`, a hand-built snapshot, and a list of the usage batches it took.
-Tests change the snapshot with `publish()` and wait for batches with `wait_usage()`.
+`LimitsAuthority`, a hand-built snapshot (keys, projects, and the catalog's models
+and placed replicas), a list of the usage batches it took and of the wakes asked for.
+Tests change the snapshot with `publish()`, wait for a gateway to hold a version with
+`wait_applied()`, and wait for batches and wakes with `wait_usage()` and `wait_wakes()`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,17 @@ from llmgw.control.limits import LimitsAuthority
 from llmgw.control.snapshots import SnapshotPublisher
 from llmgw.gateway.credentials import GATEWAY_TOKEN_LABEL, KEY_HASH_LABEL
 from llmgw.secrets import derive, key_hash
-from llmgw.wire import KeyEntry, LeaseReply, LeaseRequest, Limits, Snapshot, UsageBatch
+from llmgw.wire import (
+    KeyEntry,
+    LeaseReply,
+    LeaseRequest,
+    Limits,
+    ModelEntry,
+    ReplicaEntry,
+    Snapshot,
+    UsageBatch,
+    WakeReply,
+)
 
 T = TypeVar("T")
 
@@ -56,9 +68,20 @@ class State:
         self.limits.lease = lease_and_tell  # type: ignore[method-assign]
         self.first_polls = 0
         """Snapshot long-polls answered to a worker that had none yet (after= absent)."""
+        self.held: list[int] = []
+        """Versions gateways said they hold (`after=`), in the order their polls came: a worker
+        polls with after=V only once it applied version V."""
+        self.wakes: list[str] = []
+        """Models gateways asked to wake, in order."""
+        self.on_wake: Callable[[str], None] | None = None
+        """Called (on the stub's loop) with each wake's model; may raise ApiError to refuse it."""
         wait = self.snapshots.wait
 
         async def wait_and_count(after: int | None, timeout: float = 20.0) -> bytes | None:
+            if after is not None:
+                with self.cond:
+                    self.held.append(after)
+                    self.cond.notify_all()
             body = await wait(after, timeout)
             if after is None and body is not None:
                 with self.cond:
@@ -67,6 +90,14 @@ class State:
             return body
 
         self.snapshots.wait = wait_and_count  # type: ignore[method-assign]
+
+    async def wake(self, model: str) -> WakeReply:
+        with self.cond:
+            self.wakes.append(model)
+            self.cond.notify_all()
+        if self.on_wake is not None:
+            self.on_wake(model)
+        return WakeReply(model=model)
 
     async def ingest_usage(self, batch: UsageBatch) -> None:
         if self.refuse_usage:
@@ -89,6 +120,8 @@ class ControlStub:
         self.keys: list[KeyEntry] = []
         self.plaintext: dict[str, str] = {}
         self.projects: dict[str, Limits] = {}
+        self.models: list[ModelEntry] = []
+        self.replicas: list[ReplicaEntry] = []
         self.version = 0
         self.loop = asyncio.new_event_loop()
         self._started = threading.Event()
@@ -154,14 +187,40 @@ class ControlStub:
         self.keys = [k for k in self.keys if k.key_id != key_id]
         self.publish()
 
-    def publish(self) -> None:
+    def publish(self, *, models: list[ModelEntry] | None = None, replicas: list[ReplicaEntry] | None = None) -> int:
+        """Publishes the next version (with new models or replicas when given); returns it."""
+        if models is not None:
+            self.models = models
+        if replicas is not None:
+            self.replicas = replicas
         self.version += 1
-        snap = Snapshot(version=self.version, keys=list(self.keys), projects=dict(self.projects))
+        snap = Snapshot(version=self.version, keys=list(self.keys), projects=dict(self.projects),
+                        models=list(self.models), replicas=list(self.replicas))
 
         async def build() -> Snapshot:
             return snap
 
         self.run(self.state.snapshots.refresh(build))
+        return snap.version
+
+    def wait_applied(self, version: int, workers: int = 1, timeout: float = 10.0) -> None:
+        """Waits until `workers` long-polls said they hold `version` (or a later one)."""
+        self._wait(lambda st: sum(v >= version for v in st.held) >= workers,
+                   f"no gateway worker applied snapshot version {version}", timeout)
+
+    def wait_wakes(self, n: int, timeout: float = 10.0) -> list[str]:
+        """Waits until n wakes were asked for; returns their models."""
+        self._wait(lambda st: len(st.wakes) >= n, f"fewer than {n} wakes came", timeout)
+        return list(self.state.wakes)
+
+    def _wait(self, pred: Callable[[State], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.state.cond:
+            while not pred(self.state):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(what)
+                self.state.cond.wait(left)
 
     def wait_usage(self, pred: Callable[[list[UsageBatch]], bool], timeout: float = 10.0) -> list[UsageBatch]:
         """Waits until `pred(batches)` holds; returns the batches."""

@@ -182,7 +182,7 @@ def test_the_publisher_answers_a_long_poll_as_soon_as_the_version_changes() -> N
             return v1
 
         assert await pub.refresh(build1)
-        assert await waiting == b'{"version":1,"keys":[],"projects":{}}'
+        assert await waiting == b'{"version":1,"keys":[],"projects":{},"models":[],"replicas":[]}'
         # A waiter holding the current version waits; the same version again wakes nobody.
         held = asyncio.ensure_future(pub.wait(1))
         assert not await pub.refresh(build1)

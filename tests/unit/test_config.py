@@ -54,3 +54,13 @@ def test_invalid_config_names_the_field(tmp_path: Path, text: str, where: str) -
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_server_file(tmp_path / "nope.yaml")
+
+
+def test_with_a_control_plane_aliases_and_routing_may_name_catalog_models(tmp_path: Path) -> None:
+    # The catalog reaches the gateway only in its snapshot, after start: names it does not
+    # know yet are the control plane's to serve.
+    p = tmp_path / "server.yaml"
+    p.write_text("gateway:\n  control_plane: {url: 'http://127.0.0.1:1'}\n  aliases: {gpt: placed}\n"
+                 "  routing: {placed: {policy: prefix}}\n")
+    cfg = load_server_file(p).gateway
+    assert cfg.endpoints == [] and cfg.aliases == {"gpt": "placed"}

@@ -39,6 +39,27 @@ def test_route_follows_the_conversation_and_explains_itself() -> None:
     assert r.decisions() == {"m|prefix|cache_hit": 1, "m|prefix|cache_miss": 1}
 
 
+def test_a_hot_prefix_warms_a_second_replica_and_says_the_guard_fired() -> None:
+    r = _router()
+    r.configure("m", {"policy": "prefix"})
+    body = _chat(("system", "S" * 400), ("user", "hello"))
+    kinds, homes = [], []
+    for _ in range(3):  # overlapping: none released
+        got = r.route("m", body, True)
+        assert got is not None
+        why = json.loads(got[1])
+        kinds.append((why["kind"], why["guard"]))
+        homes.append(got[0])
+    # Third request: 2 outstanding on the first replica; 3 would pass the bound.
+    assert kinds == [("cache_miss", False), ("cache_hit", False), ("guarded", True)]
+    assert why["bound"] == pytest.approx(1 + 1.5) and why["matched"] == 0
+    assert homes[0] == homes[1] != homes[2]
+    got = r.route("m", body, True)
+    assert got is not None and got[0] == homes[2]
+    assert json.loads(got[1])["kind"] == "cache_hit"
+    assert r.decisions() == {"m|prefix|cache_hit": 2, "m|prefix|cache_miss": 1, "m|prefix|guarded": 1}
+
+
 @pytest.mark.parametrize(
     ("config", "field"),
     [

@@ -1,13 +1,14 @@
-"""The routes gateways call with the gateway token: snapshot long-poll, usage batches, limit leases.
+"""The routes gateways call with the gateway token: snapshot long-poll, usage batches, limit leases, wake.
 
 Their handlers only reach the control plane's state through `req.state`:
 `snapshots` (`llmgw.control.snapshots.SnapshotPublisher`), `limits`
-(`llmgw.control.limits.LimitsAuthority`) and `ingest_usage(batch)` (the usage store).
+(`llmgw.control.limits.LimitsAuthority`), `ingest_usage(batch)` (the usage store)
+and `wake(model)` (scale from zero; absent where the control plane places nothing).
 """
 
 from __future__ import annotations
 
-from llmgw.wire import LeaseReply, LeaseRequest, Snapshot, UsageBatch
+from llmgw.wire import LeaseReply, LeaseRequest, Snapshot, UsageBatch, WakeReply, WakeRequest
 
 from .route import ApiError, Param, Raw, Request, Route
 
@@ -79,6 +80,28 @@ async def leases(req: Request) -> LeaseReply:
     return reply
 
 
+async def wake(req: Request) -> WakeReply:
+    """Scale from zero: a gateway holds requests for a model with no ready replica.
+
+    `req.state.wake(model)` (the reconciler's) wants at least one replica of the model
+    and returns a WakeReply (None reads as one replica wanted), or raises ApiError when
+    the model is unknown or cannot be placed. The gateway then waits for a snapshot that
+    lists a replica of it; many gateways asking for one model ask for the same replica.
+    """
+    ask = req.body
+    if not isinstance(ask, WakeRequest):
+        raise ApiError(400, "internal.bad_wake", "the body must be a WakeRequest (JSON)")
+    waker = getattr(req.state, "wake", None)
+    if waker is None:
+        raise ApiError(404, "fleet.no_placement",
+                       f"this control plane places no replicas, so it cannot start one of model "
+                       f"{_clean(ask.model[:80])!r}; serve the model from an endpoint in the gateway's "
+                       "configuration, or declare it in the catalog of a control plane that places",
+                       "model")
+    reply = await waker(ask.model)
+    return reply if isinstance(reply, WakeReply) else WakeReply(model=ask.model)
+
+
 ROUTES: list[Route] = [
     Route("GET", "/internal/v1/snapshot", "Long-poll for the gateways' snapshot of keys and limits", snapshot,
           description="Answers at once when the current version is not `after`, else waits up to 20 s "
@@ -92,4 +115,9 @@ ROUTES: list[Route] = [
     Route("POST", "/internal/v1/leases", "Lease, give back and report limit units", leases,
           description="Request units and concurrency slots so that limits hold across every gateway.",
           request=LeaseRequest, response=LeaseReply, internal=True),
+    Route("POST", "/internal/v1/wake", "Start a replica of a model that has none ready", wake,
+          description="Scale from zero: the control plane wants at least one replica of the model; the "
+                      "gateway waits for a snapshot that lists one. Idempotent: asking again while one "
+                      "is starting starts no second one.",
+          request=WakeRequest, response=WakeReply, internal=True),
 ]

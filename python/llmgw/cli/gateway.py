@@ -125,9 +125,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not cfg.endpoints:
-        print("error: no replica to route to; give --endpoint ID=URL=MODEL or a --config "
-              "with gateway.endpoints\nhint: `llmgw up` runs a gateway in front of a local simulator",
+    if not cfg.endpoints and cfg.control_plane is None:
+        print("error: no replica to route to; give --endpoint ID=URL=MODEL, a --config "
+              "with gateway.endpoints, or --control-plane URL of a control plane that places replicas"
+              "\nhint: `llmgw up` runs a gateway in front of a local simulator",
               file=sys.stderr)
         return 2
     serve(cfg)

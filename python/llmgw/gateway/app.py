@@ -8,6 +8,7 @@ loop. Nothing here runs in granian's parent process, so nothing is forked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -16,9 +17,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
+from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
 from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
+from llmgw.wire import Snapshot
 
 from . import body as reqbody
 from . import routing
@@ -26,12 +29,14 @@ from .auth import KeyTable, Unauthorized
 from .control import ControlClient
 from .credentials import Credentials, load_credentials
 from .errors import Kind, error_body, truncate
+from .fleet import Catalog
 from .kv_events import KvSubscriber
 from .limits import FREE, Denied, Limiter, Ticket, Unavailable
 from .metrics import Metrics
 from .proxy import Call, Proxy
 from .replicas import ReplicaSet
 from .usage import UsageSink
+from .wake import Waker
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -61,7 +66,7 @@ class Gateway:
 
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
-        self.aliases = dict(cfg.aliases)
+        self.catalog = Catalog((m for e in cfg.endpoints for m in e.models), cfg.aliases)
         # Per-worker random prefix + counter: unique across workers and restarts,
         # and far cheaper than a uuid4 per request.
         self._rid_prefix = os.urandom(6).hex()
@@ -77,6 +82,7 @@ class Gateway:
         self.keys: KeyTable | None = None
         self.limiter: Limiter | None = None
         self.control: ControlClient | None = None
+        self.waker: Waker | None = None
         self._tasks: list[asyncio.Task[None]] = []
         if cp is not None:
             self.creds = load_credentials(cp)
@@ -96,12 +102,6 @@ class Gateway:
             ("GET", "/metrics"): self._metrics,
         }
         self._paths = {path for _, path in self.routes}
-        names = sorted({m for e in cfg.endpoints for m in e.models} | set(cfg.aliases))
-        created = int(time.time())
-        self._model_objects = {
-            n: {"id": n, "object": "model", "created": created, "owned_by": "llmgw"} for n in names
-        }
-        self._models_body = msgspec.json.encode({"object": "list", "data": list(self._model_objects.values())})
 
     # -- RSGI hooks ---------------------------------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -127,16 +127,19 @@ class Gateway:
         cp = self.cfg.control_plane
         if cp is not None and self.creds is not None and self.keys is not None:
             self.control = ControlClient(loop, cp, self.creds)
+            self.waker = Waker(loop, self.control.wake, self.replicas.router.has_model)
             self.usage.ship = self.control.post_usage
             self.limiter = Limiter(self.gateway_id, self.control.lease, wait=cp.lease_wait,
                                    idle_return=cp.lease_idle_return)
-            self._tasks = [loop.create_task(self.control.follow_snapshots(self.keys.load)),
+            self._tasks = [loop.create_task(self.control.follow_snapshots(self._apply_snapshot)),
                            loop.create_task(self.limiter.run())]
         self.usage.start(loop)
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         for t in self._tasks:
             t.cancel()
+        if self.waker is not None:
+            self.waker.close()
         if self.limiter is not None:
             # Slots and unused units go back now rather than when the authority reclaims them.
             loop.run_until_complete(self.limiter.close())
@@ -147,6 +150,20 @@ class Gateway:
         loop.run_until_complete(self.usage.close())
         if self.control is not None:
             self.control.close()
+
+    def _apply_snapshot(self, snap: Snapshot) -> None:
+        """Takes a new snapshot: keys and limits, the replicas placed, the catalog's models."""
+        assert self.keys is not None and self.replicas is not None
+        self.keys.load(snap)
+        added, removed = self.replicas.update(snap.replicas)
+        if self.kv_events is not None:
+            for r in removed:
+                self.kv_events.remove(r.id)
+            for r in added:
+                self.kv_events.add(r.endpoint)
+        self.catalog.load(snap.models, (r.model for r in snap.replicas))
+        if self.waker is not None:
+            self.waker.settle(lambda m: self.catalog.wakeable(m) is not None)
 
     def _replica_snapshot(self) -> list[tuple[str, int, bool]]:
         assert self.replicas is not None
@@ -222,12 +239,19 @@ class Gateway:
                                "request body nests arrays or objects too deeply to read; flatten it")
         original = data
         model = head.model
-        target = self.aliases.get(model, model)
+        target = self.catalog.target(model)
         assert self.proxy is not None and self.replicas is not None
+        wake = None
         if not self.replicas.router.has_model(target):
-            return self._error(protocol, rid, Kind.MODEL_NOT_FOUND,
-                               f"model {truncate(model)!r} does not exist here; GET /v1/models lists the models served",
-                               "model")
+            if target not in self.catalog.models:
+                return self._error(protocol, rid, Kind.MODEL_NOT_FOUND,
+                                   f"model {truncate(model)!r} does not exist here; GET /v1/models lists the "
+                                   "models served", "model")
+            wake = self.catalog.wakeable(target)
+            if wake is None or self.waker is None:
+                return self._unplaced(protocol, rid, model, f"model {truncate(model)!r} has no ready replica and "
+                                      "does not scale from zero; an operator can scale it up "
+                                      f"(`llmgw ctl models scale {truncate(target)} 1`)")
         stream = bool(head.stream) and scope.path != "/v1/embeddings"
         wants_usage = head.stream_options is not None and bool(head.stream_options.include_usage)
         strip_usage = stream and not wants_usage
@@ -247,12 +271,54 @@ class Gateway:
             ticket = got
         call = Call(rid, model, target, stream, entry, keep)
         try:
+            if wake is not None and not await self._wake(protocol, rid, model, target, wake.scale_up_timeout):
+                return None
             await self.proxy.forward(protocol, call, scope.path.encode(), data,
                                      _forwarded(scope.headers), strip_usage)
         finally:
             # Whatever way the request ended (answer, error, disconnect, cancellation).
             if self.limiter is not None:
                 self.limiter.release(ticket, call.prompt + call.completion)
+
+    async def _wake(self, protocol: Any, rid: str, model: str, target: str, timeout: float) -> bool:
+        """Holds the request until a replica of `target` is routable; False once answered (503 or gone)."""
+        assert self.waker is not None and self.metrics is not None
+        t0 = time.perf_counter()
+        # Watched from the start: a client that leaves during a minute-long wait
+        # must not have its request forwarded when the replica comes.
+        gone = asyncio.ensure_future(protocol.client_disconnect())
+        try:
+            outcome, reason = await self.waker.wait(target, timeout, gone)
+        finally:
+            gone.cancel()
+        self.metrics.woken(model, outcome)
+        if outcome == "ready":
+            return True
+        waited = time.perf_counter() - t0
+        if outcome == "gone":
+            self.metrics.request(model, "cancelled", waited, None, 0, 0)
+            # Answered anyway: RSGI expects a response to every request.
+            with contextlib.suppress(ProtocolClosed):
+                self._error(protocol, rid, Kind.UPSTREAM_FAILED, "client disconnected")
+            return False
+        self.metrics.request(model, "no_replica", waited, None, 0, 0)
+        if outcome == "refused":
+            self._unplaced(protocol, rid, model, f"model {truncate(model)!r} has no ready replica and the control "
+                           f"plane cannot start one: {reason}")
+            return False
+        retry = self.cfg.retry_after_seconds
+        protocol.response_bytes(Kind.SCALING_UP.status, [("content-type", JSON), ("x-request-id", rid),
+                                                         ("retry-after", str(retry))],
+                                error_body(Kind.SCALING_UP, f"model {truncate(model)!r} had no ready replica; one is "
+                                           f"being started but was not ready within {timeout:g}s; retry after "
+                                           f"{retry}s"))
+        return False
+
+    def _unplaced(self, protocol: Any, rid: str, model: str, message: str) -> None:
+        retry = self.cfg.retry_after_seconds
+        protocol.response_bytes(Kind.NOT_PLACED.status, [("content-type", JSON), ("x-request-id", rid),
+                                                         ("retry-after", str(retry))],
+                                error_body(Kind.NOT_PLACED, message, "model"))
 
     async def _admit(self, protocol: Any, rid: str, entry: Any, model: str, cost: int) -> Ticket | None:
         """A ticket from the limits, or None once answered 429/503."""
@@ -280,10 +346,10 @@ class Gateway:
     async def _models(self, scope: Any, protocol: Any, rid: str) -> None:
         if self._principal(scope, protocol, rid) is _REFUSED:
             return
-        protocol.response_bytes(200, [("content-type", JSON), ("x-request-id", rid)], self._models_body)
+        protocol.response_bytes(200, [("content-type", JSON), ("x-request-id", rid)], self.catalog.body)
 
     def _model(self, protocol: Any, rid: str, name: str) -> None:
-        obj = self._model_objects.get(name)
+        obj = self.catalog.objects.get(name)
         if obj is None:
             return self._error(protocol, rid, Kind.MODEL_NOT_FOUND,
                                f"model {truncate(name)!r} does not exist here; GET /v1/models lists the models served",
@@ -303,7 +369,8 @@ class Gateway:
                                           ("retry-after", "1")], body)
             return
         n = self.replicas.router.healthy_count()
-        if n:
+        # A gateway whose models all sleep is still ready: a request wakes one.
+        if n or (self.waker is not None and any(m.scale_from_zero for m in self.catalog.models.values())):
             body = msgspec.json.encode({"status": "ready", "healthy_replicas": n})
             protocol.response_bytes(200, [("content-type", JSON), ("x-request-id", rid)], body)
             return

@@ -1,9 +1,9 @@
-"""The gateway worker's side of the control plane: the snapshot long-poll, lease calls, usage posts.
+"""The gateway worker's side of the control plane: the snapshot long-poll, lease calls, usage posts, wakes.
 
-All three are small HTTP/1.1 exchanges over the gateway's own upstream client
+All four are small HTTP/1.1 exchanges over the gateway's own upstream client
 (`upstream.Pool`: uvloop + httptools), with the gateway token. Nothing here runs
 on a request's path except `lease`, and that only when a worker's shares are
-empty (see `gateway.limits`).
+empty (see `gateway.limits`), and `wake`, for a model with no replica (see `gateway.wake`).
 """
 
 from __future__ import annotations
@@ -15,16 +15,18 @@ from collections.abc import Callable
 import msgspec
 
 from llmgw.config import ControlPlane
-from llmgw.wire import LeaseReply, LeaseRequest, Snapshot
+from llmgw.wire import LeaseReply, LeaseRequest, Snapshot, WakeRequest
 
 from .credentials import Credentials
 from .upstream import ConnectionBroken, Pool, UpstreamError
 from .usage import BatchRejected
+from .wake import WakeRefused
 
 log = logging.getLogger("llmgw.gateway")
 
 LEASE_TIMEOUT = 2.0
 USAGE_TIMEOUT = 10.0
+WAKE_TIMEOUT = 5.0
 _BACKOFF_MAX = 2.0
 
 
@@ -86,6 +88,17 @@ class ControlClient:
         if status not in (200, 204):
             raise ControlError(f"usage post answered HTTP {status}: {answer[:200]!r}")
 
+    async def wake(self, model: str) -> None:
+        """POST /internal/v1/wake; raises WakeRefused with the control plane's sentence when it
+        will not start a replica, ControlError or UpstreamError when it could not be asked."""
+        status, body = await self.call(b"POST", b"/internal/v1/wake", self._encoder.encode(WakeRequest(model=model)),
+                                       WAKE_TIMEOUT)
+        if status == 200:
+            return
+        if 400 <= status < 500 and status not in (401, 403, 408, 429):
+            raise WakeRefused(_message(body) or f"the control plane answered HTTP {status}")
+        raise ControlError(f"wake answered HTTP {status}: {body[:200]!r}")
+
     async def follow_snapshots(self, apply: Callable[[Snapshot], None]) -> None:
         """Long-polls GET /internal/v1/snapshot forever, calling `apply` with each new version."""
         after: int | None = None
@@ -120,3 +133,19 @@ class ControlClient:
     def close(self) -> None:
         """Closes idle connections."""
         self.pool.close()
+
+
+class _ErrorBody(msgspec.Struct):
+    message: str = ""
+
+
+class _Error(msgspec.Struct):
+    error: _ErrorBody
+
+
+def _message(body: bytes) -> str:
+    """The sentence of an error answer of the admin API (OpenAI shape), or ''."""
+    try:
+        return msgspec.json.decode(body, type=_Error).error.message[:500]
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""

@@ -45,6 +45,10 @@ class Kind(enum.Enum):
     UPSTREAM_FAILED = (502, "upstream_error", "upstream_failed")
     NO_REPLICA = (503, "service_unavailable", "no_healthy_replica")
     NOT_READY = (503, "service_unavailable", "not_ready")
+    SCALING_UP = (503, "service_unavailable", "scale_up_timeout")
+    """A model with no replica: one was asked for and was not ready within the model's timeout."""
+    NOT_PLACED = (503, "service_unavailable", "no_placement")
+    """A model with no replica that the control plane cannot, or will not, start."""
     LIMITS_UNAVAILABLE = (503, "service_unavailable", "limits_unavailable")
     UPSTREAM_TIMEOUT = (504, "timeout", "upstream_timeout")
 

@@ -38,17 +38,29 @@ class KvSubscriber:
         self.index = index
         self.endpoints = [e for e in endpoints if e.kv_events]
         self._ctx: zmq.asyncio.Context | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self.replays = 0
         self.replay_failures = 0
 
     def start(self) -> None:
         """Connects to every replica that publishes KV events."""
-        if not self.endpoints:
-            return
-        self._ctx = zmq.asyncio.Context()
         for e in self.endpoints:
-            self._tasks.append(self.loop.create_task(self._follow(e)))
+            self.add(e)
+
+    def add(self, e: Endpoint) -> None:
+        """Follows one more replica's events (one the control plane placed); no-op without any."""
+        if not e.kv_events or e.id in self._tasks:
+            return
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        self._tasks[e.id] = self.loop.create_task(self._follow(e))
+
+    def remove(self, replica: str) -> None:
+        """Stops following a replica that left the table and drops its index entries."""
+        t = self._tasks.pop(replica, None)
+        if t is not None:
+            t.cancel()
+            self.index.drop_replica(replica)
 
     async def _follow(self, e: Endpoint) -> None:
         assert self._ctx is not None and e.kv_events is not None
@@ -117,9 +129,11 @@ class KvSubscriber:
 
     async def close(self) -> None:
         """Stops every subscription."""
-        for t in self._tasks:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             try:
                 await t
             except asyncio.CancelledError:

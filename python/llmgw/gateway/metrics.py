@@ -25,6 +25,8 @@ TABLE: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "llmgw_tokens_total": (Counter, "Tokens counted from upstream usage, by kind (prompt or completion).", ("model", "kind")),
     "llmgw_upstream_retries_total": (Counter, "Requests retried on another replica before the first byte.", ("model",)),
     "llmgw_replica_ejections_total": (Counter, "Passive ejections of a replica after a connect error or 5xx.", ("replica",)),
+    "llmgw_scale_from_zero_waits_total": (Counter, ("Requests held for a model with no replica, by how "
+                                          "the wait ended (ready, timeout, gone, refused)."), ("model", "outcome")),
 }
 
 
@@ -89,6 +91,7 @@ class Metrics:
         self._tokens = made["llmgw_tokens_total"]
         self._retries = made["llmgw_upstream_retries_total"]
         self._ejections = made["llmgw_replica_ejections_total"]
+        self._waits = made["llmgw_scale_from_zero_waits_total"]
         self._children: dict[tuple[str, ...], object] = {}
 
     def _child(self, metric: Counter | Histogram, *labels: str) -> Counter | Histogram:
@@ -116,6 +119,10 @@ class Metrics:
     def ejection(self, replica: str) -> None:
         """Counts a passive ejection."""
         self._child(self._ejections, replica).inc()  # type: ignore[union-attr]
+
+    def woken(self, model: str, outcome: str) -> None:
+        """Counts one request that waited for a replica of its model."""
+        self._child(self._waits, model, outcome).inc()  # type: ignore[union-attr]
 
     def render(self) -> bytes:
         """The Prometheus text exposition.

@@ -194,11 +194,13 @@ class Proxy:
     async def _attempts(self, protocol: Any, call: Call, path: bytes, body: bytes,
                         extra_headers: bytes, strip_usage: bool) -> None:
         deadline = self.loop.time() + self.total
-        tried: list[int] = []
+        # Replicas, not positions: the table may change between attempts (a snapshot
+        # added or removed replicas), and `index` is always the current position.
+        tried: list[Replica] = []
         last: Failure | None = None
         chat = path == b"/v1/chat/completions"
         while True:
-            picked = self.router.route(call.target, body, chat, tried or None)
+            picked = self.router.route(call.target, body, chat, [t.index for t in tried] if tried else None)
             if picked is None:
                 if last is not None:
                     raise last
@@ -210,7 +212,7 @@ class Proxy:
                 )
             idx, call.route = picked
             r = self.replicas.replicas[idx]
-            tried.append(idx)
+            tried.append(r)
             try:
                 await self._one(protocol, call, r, path, body, extra_headers, strip_usage, deadline)
                 return
@@ -223,7 +225,8 @@ class Proxy:
                 call.retries += 1
                 self.metrics.retry(call.model)
             finally:
-                self.router.release(idx)
+                # -1 (ignored) once the replica left the table while the request ran on it.
+                self.router.release(r.index)
 
     async def _one(self, protocol: Any, call: Call, r: Replica, path: bytes, body: bytes,
                    extra_headers: bytes, strip_usage: bool, deadline: float) -> None:
@@ -257,8 +260,8 @@ class Proxy:
     async def _send(self, call: Call, r: Replica, path: bytes, body: bytes,
                     extra_headers: bytes, deadline: float) -> Exchange:
         head = (
-            b"POST " + path + b" HTTP/1.1\r\nHost: " + r.pool.hostport
-            + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+            b"POST " + path + b" HTTP/1.1\r\nHost: " + r.pool.hostport + b"\r\n" + r.pool.auth
+            + b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
             + b"\r\nX-Request-Id: " + call.rid.encode() + b"\r\n" + extra_headers + b"\r\n"
         )
         fresh_tries = 0

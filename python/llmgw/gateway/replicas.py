@@ -1,5 +1,13 @@
 """The replicas one gateway worker routes to: the Rust router, connection pools and health.
 
+The table is the configuration's static `endpoints` followed by the replicas the
+control plane placed (each snapshot's `replicas`, see `update`). The Rust router
+addresses replicas by their position in that table and keeps their state by id
+across `set_replicas`; a `Replica` knows its current position (`index`), which
+moves when the table changes, and is -1 once it left the table. Requests in flight
+keep their `Replica` and finish on it: they release, eject and retry through
+`index`, never through a position they saw earlier.
+
 Health has two inputs. Passive: a connect error or a 5xx ejects the replica for
 `eject_base * 2**(n-1)` seconds (n = ejections in a row, capped at `eject_max`),
 as Envoy's outlier detection does. Active: `/health` is probed every
@@ -11,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from llmgw import _core
 from llmgw.config import Endpoint, Health
+from llmgw.wire import ReplicaEntry
 
 from .engine_load import parse_engine_load
+from .fleet import diff_replicas
 from .upstream import Pool, UpstreamError
 
 log = logging.getLogger("llmgw.gateway")
@@ -25,21 +35,31 @@ log = logging.getLogger("llmgw.gateway")
 class Replica:
     """One replica's state on this worker."""
 
-    __slots__ = ("ejected_until", "ejections", "endpoint", "index", "pool", "probe_ok", "timer")
+    __slots__ = ("ejected_until", "ejections", "endpoint", "entry", "index", "pool", "probe", "probe_ok", "timer")
 
-    def __init__(self, endpoint: Endpoint, index: int, pool: Pool) -> None:
+    def __init__(self, endpoint: Endpoint, index: int, pool: Pool, entry: ReplicaEntry | None = None) -> None:
         self.endpoint = endpoint
         self.index = index
+        """Position in the router's table now; -1 once the replica left it."""
         self.pool = pool
+        self.entry = entry
+        """What the control plane published (None for a configured endpoint)."""
         self.ejections = 0
         self.ejected_until = 0.0
         self.probe_ok = True
         self.timer: asyncio.TimerHandle | None = None
+        self.probe: asyncio.Task[None] | None = None
 
     @property
     def id(self) -> str:
-        """The replica's configured id."""
+        """The replica's configured or published id."""
         return self.endpoint.id
+
+
+def endpoint_of(entry: ReplicaEntry) -> Endpoint:
+    """The Endpoint a published replica is reached at; raises ValueError on a bad url."""
+    return Endpoint(id=entry.id, url=entry.url, models=[entry.model], kv_events=entry.kv_events,
+                    kv_replay=entry.kv_replay)
 
 
 class ReplicaSet:
@@ -55,19 +75,81 @@ class ReplicaSet:
         self.loop = loop
         self.health = health
         self.router = _core.Router()
-        self.router.set_replicas([(e.id, list(e.models)) for e in endpoints])
-        self.replicas = [
-            Replica(e, i, Pool(loop, e.host, e.port)) for i, e in enumerate(endpoints)
-        ]
+        self.static = [Replica(e, i, Pool(loop, e.host, e.port)) for i, e in enumerate(endpoints)]
+        self.placed: dict[str, Replica] = {}
+        """Replicas from the control plane's snapshot, by id, in the order they came."""
+        self.replicas: list[Replica] = []
+        """The router's table: `replicas[i].index == i`."""
+        self._rebuild()
         self.models: list[str] = sorted({m for e in endpoints for m in e.models})
+        """The models the configured endpoints serve."""
         self._on_ejection = on_ejection
-        self._probe_task: asyncio.Task[None] | None = None
+        self._probing = False
         self.scrape_load = False
         """Also read each engine's /metrics at every probe (set when a policy weighs engine load)."""
+
+    def _rebuild(self) -> None:
+        # One synchronous step: the router and `replicas` change together, so no
+        # request sees a position of one table in the other.
+        table = [*self.static, *self.placed.values()]
+        self.router.set_replicas([(r.id, list(r.endpoint.models)) for r in table])
+        for i, r in enumerate(table):
+            r.index = i
+        self.replicas = table
+
+    # -- the control plane's replicas ------------------------------------------------
+    def update(self, entries: Iterable[ReplicaEntry]) -> tuple[list[Replica], list[Replica]]:
+        """Makes the placed replicas those of a snapshot; returns (added, removed).
+
+        A replica whose url, model or engine key changed is removed and added anew. A
+        removed one routes no new request from here on; requests in flight on it finish
+        over its connections, which are closed as they end.
+        """
+        d = diff_replicas({i: r.entry for i, r in self.placed.items() if r.entry is not None}, entries,
+                          {r.id for r in self.static})
+        for rid in d.clashes:
+            log.warning("the control plane published replica %s, an id this gateway's configuration "
+                        "already uses for an endpoint; the configured endpoint is kept", rid)
+        if not d.added and not d.removed:
+            return [], []
+        removed = [self.placed.pop(rid) for rid in d.removed]
+        added: list[Replica] = []
+        for entry in d.added:
+            try:
+                endpoint = endpoint_of(entry)
+                pool = Pool(self.loop, endpoint.host, endpoint.port, auth=entry.engine_key)
+            except ValueError as e:
+                log.warning("the control plane published replica %s, which this gateway cannot route to "
+                            "(%s); it is left out", entry.id, e)
+                continue
+            r = Replica(endpoint, -1, pool, entry)
+            self.placed[entry.id] = r
+            added.append(r)
+        self._rebuild()
+        for r in removed:
+            self._retire(r)
+        for r in added:
+            if self._probing:
+                self._start_probe(r)
+        log.info("replicas placed by the control plane: %d added, %d removed, %d now",
+                 len(added), len(removed), len(self.placed))
+        return added, removed
+
+    def _retire(self, r: Replica) -> None:
+        r.index = -1
+        if r.timer is not None:
+            r.timer.cancel()
+            r.timer = None
+        if r.probe is not None:
+            r.probe.cancel()
+            r.probe = None
+        r.pool.close()
 
     # -- passive health ------------------------------------------------------------
     def failed(self, r: Replica, why: str) -> None:
         """Ejects a replica after a connect error or 5xx, with growing back-off."""
+        if r.index < 0:
+            return  # left the table while the request ran: nothing routes to it anyway
         r.ejections += 1
         wait = min(self.health.eject_base * 2 ** (r.ejections - 1), self.health.eject_max)
         r.ejected_until = self.loop.time() + wait
@@ -86,18 +168,25 @@ class ReplicaSet:
 
     def _restore(self, r: Replica) -> None:
         r.timer = None
-        if r.probe_ok:
+        if r.probe_ok and r.index >= 0:
             self.router.set_healthy(r.index, True)
 
     # -- active health -------------------------------------------------------------
     def start_probes(self) -> None:
-        """Starts the probe loop on this worker's event loop."""
-        if self.replicas and self._probe_task is None:
-            self._probe_task = self.loop.create_task(self._probe_loop())
+        """Starts probing every replica, and each one added later, on this worker's loop."""
+        self._probing = True
+        for r in self.replicas:
+            self._start_probe(r)
 
-    async def _probe_loop(self) -> None:
+    def _start_probe(self, r: Replica) -> None:
+        if r.probe is None and r.index >= 0:
+            r.probe = self.loop.create_task(self._probe_loop(r))
+
+    async def _probe_loop(self, r: Replica) -> None:
+        # One task per replica: a replica that times out delays only its own
+        # probes, and one that leaves the table takes its task with it.
         while True:
-            await asyncio.gather(*(self._probe(r) for r in self.replicas))
+            await self._probe(r)
             await asyncio.sleep(self.health.probe_interval)
 
     async def _probe(self, r: Replica) -> None:
@@ -105,7 +194,7 @@ class ReplicaSet:
         ok = got is not None and 200 <= got[0] < 300
         if ok and self.scrape_load:
             await self._scrape(r)
-        if ok == r.probe_ok:
+        if ok == r.probe_ok or r.index < 0:
             return
         r.probe_ok = ok
         if ok:
@@ -119,7 +208,7 @@ class ReplicaSet:
     async def _scrape(self, r: Replica) -> None:
         """Reads the engine's queue and cache use for the policies that weigh them."""
         got = await fetch(r.pool, b"/metrics", self.health.probe_timeout)
-        if got is None or got[0] != 200:
+        if got is None or got[0] != 200 or r.index < 0:
             return
         load = parse_engine_load(got[1].decode("utf-8", "replace"))
         if load is not None:
@@ -127,10 +216,15 @@ class ReplicaSet:
 
     async def close(self) -> None:
         """Stops probes and closes pooled connections."""
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        self._probing = False
+        tasks = [r.probe for r in self.replicas if r.probe is not None]
+        for r in self.replicas:
+            if r.probe is not None:
+                r.probe.cancel()
+                r.probe = None
+        for t in tasks:
             try:
-                await self._probe_task
+                await t
             except asyncio.CancelledError:
                 pass
         for r in self.replicas:
@@ -147,7 +241,8 @@ async def fetch(pool: Pool, path: bytes, timeout: float) -> tuple[int, bytes] | 
     except UpstreamError:
         return None
     try:
-        ex.send(b"GET " + path + b" HTTP/1.1\r\nHost: " + pool.hostport + b"\r\nUser-Agent: llmgw-probe\r\n\r\n", b"")
+        ex.send(b"GET " + path + b" HTTP/1.1\r\nHost: " + pool.hostport + b"\r\n" + pool.auth
+                + b"User-Agent: llmgw-probe\r\n\r\n", b"")
         status = await ex.read_head(deadline)
         parts = []
         while (chunk := await ex.read_chunk(timeout, deadline)) is not None:

@@ -222,17 +222,28 @@ class Exchange(asyncio.Protocol):
 class Pool:
     """Idle keep-alive connections to one replica."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int, max_idle: int = 512) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int, max_idle: int = 512,
+                 auth: str | None = None) -> None:
         self.loop = loop
         self.host = host
         self.port = port
         self.max_idle = max_idle
         self.idle: list[Exchange] = []
         self.hostport = f"{host}:{port}".encode()
+        self.auth = b""
+        """The `Authorization` header line every request to this replica carries (its engine
+        key), or nothing."""
+        if auth is not None:
+            # The key goes into a header verbatim: anything but a plain token could
+            # split the request, so it is refused rather than sent.
+            if not auth or not auth.isascii() or not auth.isprintable() or " " in auth:
+                raise ValueError("the engine key is not a plain token of printable ASCII")
+            self.auth = b"Authorization: Bearer " + auth.encode() + b"\r\n"
+        self.closed = False
 
     def put(self, ex: Exchange) -> None:
-        """Keeps a finished connection for reuse."""
-        if len(self.idle) < self.max_idle:
+        """Keeps a finished connection for reuse (closes it once the pool is closed)."""
+        if len(self.idle) < self.max_idle and not self.closed:
             ex.reused = True
             self.idle.append(ex)
         else:
@@ -257,7 +268,8 @@ class Pool:
         return proto
 
     def close(self) -> None:
-        """Closes every idle connection."""
+        """Closes every idle connection; connections in use are closed as their exchanges end."""
+        self.closed = True
         for ex in self.idle:
             ex.close()
         self.idle.clear()

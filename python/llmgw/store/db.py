@@ -61,6 +61,15 @@ class Database(Protocol):
         """Runs several `;`-separated statements without parameters (migrations)."""
         ...
 
+    async def copy_records(
+        self, table: str, columns: Sequence[str], records: Iterable[Sequence[Any]]
+    ) -> int:
+        """PostgreSQL only: appends `records` (tuples in `columns` order) to `table` with one
+        binary COPY; returns how many. Inside a transaction it is part of it, so a temporary
+        table filled here can feed an `INSERT .. SELECT` next. SQLite raises StoreError:
+        callers check `dialect` first (its `executemany` is already one C loop)."""
+        ...
+
     def transaction(self) -> AbstractAsyncContextManager[Database]:
         """A transaction: the `Database` it yields runs every statement inside it; leaving the
         block commits, an exception rolls back. Other callers wait until it ends (SQLite) or

@@ -140,6 +140,12 @@ class SqliteDatabase:
 
         await self._locked(run)
 
+    async def copy_records(
+        self, table: str, columns: Sequence[str], records: Iterable[Sequence[Any]]
+    ) -> int:
+        """PostgreSQL only; SQLite's `executemany` is already one C loop without round trips."""
+        raise StoreError(f"copy_records into {table} is PostgreSQL only; use executemany on SQLite")
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Database]:
         """BEGIN IMMEDIATE ... COMMIT, holding the connection for the whole block."""
@@ -205,6 +211,12 @@ class _Tx:
                 conn.execute(stmt)
 
         await self._db._run(run)
+
+    async def copy_records(
+        self, table: str, columns: Sequence[str], records: Iterable[Sequence[Any]]
+    ) -> int:
+        """PostgreSQL only; SQLite's `executemany` is already one C loop without round trips."""
+        raise StoreError(f"copy_records into {table} is PostgreSQL only; use executemany on SQLite")
 
     def transaction(self) -> Any:
         """Nested transactions are not supported: one block owns the connection."""

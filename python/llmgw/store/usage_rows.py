@@ -4,8 +4,9 @@ SQLite runs in-process: `executemany` of one VALUES statement is one C loop with
 round trips. PostgreSQL gets one statement per table: asyncpg's executemany sends a
 statement per row, and unnest() of one array per column spent most of its time in
 asyncpg checking every array element (an `isinstance` per value, about 20 µs per
-record). The records are instead encoded to JSON by msgspec in one call and
-unpacked by the server's `json_to_recordset`, in C on both sides.
+record). Finals, the bulk of a batch, go by binary COPY into a temporary table and
+one INSERT .. SELECT (`write_finals`); JSON through the server's `json_to_recordset`
+was the step before, and cost the server a parse and a text conversion per value.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ async def bulk_insert(
     await tx.executemany(f"{head} ({names}) VALUES ({marks}) {tail}", rows)
 
 
-# The columns a final writes, in the order of `_final_values` (SQLite) and of the
-# SELECT list over json_to_recordset (PostgreSQL).
+# The columns a final writes, in the order of `_final_values`: the rows of SQLite's
+# executemany and of PostgreSQL's COPY.
 _FINAL_COLS = (
     "id",
     "state",
@@ -93,22 +94,19 @@ _FINAL_TAIL = (
     f"ON CONFLICT (id) DO UPDATE SET {_FINAL_SET} WHERE requests.state <> 'final' RETURNING id"
 )
 
-# wire.UsageRecord's fields as json_to_recordset reads them (by name; the rest are ignored).
-_RECORD_TYPE = (
-    "request_id text, model text, upstream_model text, replica text, status text, "
-    "http_status int8, stream boolean, prompt_tokens int8, completion_tokens int8, "
-    "usage_estimated boolean, ttft_ms float8, duration_ms float8, finish_reason text, "
-    "retries int8, started_at float8, route json, key_id text, user_id text, project_id text, "
-    "team_id text, org_id text"
+# PostgreSQL: finals land in a temporary table by binary COPY, then move with one upsert.
+# Against the json_to_recordset() it replaces, this saved about 8 µs of server time per
+# record (no JSON parse, no text-to-number conversions). The table is per connection and
+# emptied at each commit; CREATE .. IF NOT EXISTS runs in every transaction because the
+# pool may hand out a connection that has not made it yet (it is a no-op after).
+_FINALS_IN = "usage_finals_in"
+_FINALS_IN_TABLE = (
+    f"CREATE TEMPORARY TABLE IF NOT EXISTS {_FINALS_IN} (LIKE requests INCLUDING DEFAULTS) "
+    "ON COMMIT DELETE ROWS"
 )
 _FINAL_PG = (
     f"INSERT INTO requests ({', '.join(_FINAL_COLS)}) "
-    "SELECT t.request_id, 'final', $2, t.org_id, t.team_id, t.project_id, t.user_id, t.key_id, "
-    "t.model, t.upstream_model, t.replica, NULLIF(t.route::text, 'null'), t.retries, "
-    "t.stream::int, t.started_at, t.ttft_ms, t.duration_ms, t.status, t.http_status, "
-    "t.prompt_tokens, t.completion_tokens, t.usage_estimated::int, t.finish_reason, "
-    "(t.request_id = ANY($4::text[]))::int, $3 "
-    f"FROM json_to_recordset($1::json) AS t({_RECORD_TYPE}) {_FINAL_TAIL}"
+    f"SELECT {', '.join(_FINAL_COLS)} FROM {_FINALS_IN} {_FINAL_TAIL}"
 )
 
 
@@ -150,20 +148,17 @@ async def write_finals(
     Returns the ids really written on PostgreSQL (another control plane may have written
     some first), None on SQLite (a single writer: all of them were).
     """
+    values = [_final_values(r, gateway_id, now) for r in recs]
     if tx.dialect == "postgres":
-        kept = [r.request_id for r in recs if _kept(r)]
-        # Bodies travel in their own statement; do not ship them twice.
-        slim = [
-            msgspec.structs.replace(r, request_body=wire.NULL, response_body=None) if _kept(r) else r
-            for r in recs
-        ]
-        rows = await tx.fetch(_FINAL_PG, _json.encode(slim).decode(), gateway_id, now, kept)
+        await tx.execute(_FINALS_IN_TABLE)
+        await tx.copy_records(_FINALS_IN, _FINAL_COLS, values)
+        rows = await tx.fetch(_FINAL_PG)
         return {r["id"] for r in rows}
     marks = ", ".join(f"${i}" for i in range(1, len(_FINAL_COLS) + 1))
     await tx.executemany(
         f"INSERT INTO requests ({', '.join(_FINAL_COLS)}) VALUES ({marks}) "
         + _FINAL_TAIL.removesuffix(" RETURNING id"),
-        [_final_values(r, gateway_id, now) for r in recs],
+        values,
     )
     return None
 

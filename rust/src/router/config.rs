@@ -79,12 +79,16 @@ pub struct RoutingConfig {
     pub policy: PolicyKind,
     /// Weights of the `scored` policy.
     pub weights: Weights,
-    /// Load guard, absolute part: the cache-preferred replica is not used when it
-    /// has more than `guard_abs` outstanding requests above the least loaded one...
-    pub guard_abs: u64,
-    /// ...and more than `guard_rel` times as many. Both must hold, so that a
-    /// small absolute gap on an idle model and a large ratio of tiny counts
-    /// (1 against 3) do not throw away a cache hit.
+    /// Load bound, absolute part: a replica is passed over for the cache when
+    /// taking the request would leave it more than `guard_abs` outstanding
+    /// requests above the mean of the candidates (this request counted)...
+    pub guard_abs: f64,
+    /// ...and above `guard_rel` times that mean. Both must hold, so that a
+    /// small count on an idle model (2 against a mean of 0.5) does not throw
+    /// away a cache hit, while on a busy one the bound follows the load. The
+    /// bound is relative to the mean, not to the least loaded replica: a gap
+    /// to the minimum of 4 or more requests is rare when the mean is 4, so a
+    /// hot prefix stayed pinned to one replica (bench/README.md, routing).
     pub guard_rel: f64,
     /// The fraction of the prompt a replica must hold for the cache to be
     /// followed; below it the request goes to the least loaded replica, which
@@ -107,8 +111,8 @@ impl Default for RoutingConfig {
         Self {
             policy: PolicyKind::default(),
             weights: Weights::default(),
-            guard_abs: 4,
-            guard_rel: 1.5,
+            guard_abs: 1.5,
+            guard_rel: 1.25,
             min_match: 0.1,
             tree_max_bytes: 16 << 20,
             tree_max_nodes: 200_000,
@@ -194,6 +198,13 @@ impl RoutingConfig {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(field, "a number of 0 or more", v.to_string());
             }
+        }
+        if !(self.guard_abs.is_finite() && self.guard_abs >= 0.0) {
+            return bad(
+                "guard_abs",
+                "a number of 0 or more",
+                self.guard_abs.to_string(),
+            );
         }
         if !(self.guard_rel.is_finite() && self.guard_rel >= 1.0) {
             return bad(

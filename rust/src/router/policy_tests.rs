@@ -92,11 +92,11 @@ fn prefix_follows_the_longest_match_and_reports_it() {
 }
 
 #[test]
-fn load_guard_overrides_the_cache_only_past_both_thresholds() {
+fn load_bound_is_relative_to_the_mean_and_needs_both_parts() {
     let mut r = four();
     let c = RoutingConfig {
         policy: PolicyKind::Prefix,
-        guard_abs: 3,
+        guard_abs: 3.0,
         guard_rel: 2.0,
         ..RoutingConfig::default()
     };
@@ -104,6 +104,8 @@ fn load_guard_overrides_the_cache_only_past_both_thresholds() {
     let p = "shared prefix ".repeat(20);
     let hot = route(&mut r, &p, 0).index;
     // Never released: the hot replica's load grows while others stay idle.
+    // With load L on it, the next request's bound is max(2 * mean, mean + 3)
+    // for mean = (L + 1) / 4: L + 1 = 2, 3, 4 are within it, 5 is not.
     let mut seen = Vec::new();
     let mut guarded_json = String::new();
     for t in 1..=5 {
@@ -111,56 +113,165 @@ fn load_guard_overrides_the_cache_only_past_both_thresholds() {
         if d.reason.guard {
             guarded_json = d.reason.to_json();
         }
-        seen.push((d.index == hot, d.reason.kind, d.reason.guard));
+        seen.push((
+            d.index == hot,
+            d.reason.kind,
+            d.reason.guard,
+            d.reason.bound,
+        ));
     }
-    // Loads 1, 2, 3 are within min(0) + 3; at 4 the guard holds (4 > 3 and
-    // 4 > 0). The replica that took the guarded request now holds the prefix
-    // too, so the next request is a hit there.
+    // The replica that took the guarded request now holds the prefix too, so
+    // the next request is a hit there: the hot one is still over the bound.
     assert_eq!(
         seen,
         [
-            (true, Kind::CacheHit, false),
-            (true, Kind::CacheHit, false),
-            (true, Kind::CacheHit, false),
-            (false, Kind::Guarded, true),
-            (false, Kind::CacheHit, false),
+            (true, Kind::CacheHit, false, Some(3.5)),
+            (true, Kind::CacheHit, false, Some(3.75)),
+            (true, Kind::CacheHit, false, Some(4.0)),
+            (false, Kind::Guarded, true, Some(4.25)),
+            (false, Kind::CacheHit, false, Some(4.5)),
         ]
     );
     assert!(
         guarded_json.contains(r#""kind":"guarded","unit":"bytes","matched":0,"#),
         "{guarded_json}"
     );
-    assert!(guarded_json.contains(r#""guard":true"#), "{guarded_json}");
-    // The relative threshold: with every other replica at 2, 5 is not > 2 * 2.5.
+    assert!(
+        guarded_json.contains(r#""guard":true,"bound":4.25,"#),
+        "{guarded_json}"
+    );
+    // The relative part: every other replica at 2, the hot one at 5, so the
+    // mean with the next request is 3. mean + 1 = 4 alone would fire, but
+    // 2.5 * 3 = 7.5 holds it back; at 1.5 * 3 = 4.5 both parts hold.
     let mut r = four();
-    let c = RoutingConfig {
+    let loose = RoutingConfig {
         policy: PolicyKind::Prefix,
-        guard_abs: 1,
+        guard_abs: 1.0,
         guard_rel: 2.5,
         ..RoutingConfig::default()
     };
-    r.configure("m", c).unwrap();
+    r.configure("m", loose.clone()).unwrap();
     let hot = route(&mut r, &p, 0).index;
-    for i in 0..4 {
-        if i != hot {
-            r.pick("m", &[hot]);
+    let others: Vec<usize> = (0..4).filter(|&i| i != hot).collect();
+    for _ in 0..2 {
+        for _ in 0..3 {
             r.pick("m", &[hot]);
         }
     }
     for _ in 0..4 {
-        r.pick(
-            "m",
-            &[0, 1, 2, 3]
-                .into_iter()
-                .filter(|&i| i != hot)
-                .collect::<Vec<_>>(),
-        );
+        r.pick("m", &others);
     }
     assert_eq!(r.replica(hot).unwrap().outstanding, 5);
     let d = route(&mut r, &p, 1);
-    assert_eq!((d.index, d.reason.kind), (hot, Kind::CacheHit));
+    assert_eq!(
+        (d.index, d.reason.kind, d.reason.bound),
+        (hot, Kind::CacheHit, Some(7.5))
+    );
+    r.release(hot);
+    let tight = RoutingConfig {
+        guard_rel: 1.5,
+        ..loose
+    };
+    r.configure("m", tight).unwrap();
     let d = route(&mut r, &p, 2);
-    assert_eq!(d.reason.kind, Kind::Guarded);
+    assert_eq!((d.reason.kind, d.reason.bound), (Kind::Guarded, Some(4.5)));
+}
+
+#[test]
+fn a_hot_prefix_spreads_to_a_second_replica_and_a_cold_one_does_not() {
+    // The defaults: bound = max(1.25 * mean, mean + 1.5).
+    let mut r = four();
+    policy(&mut r, PolicyKind::Prefix);
+    // Other traffic: two requests on every replica.
+    for _ in 0..8 {
+        r.pick("m", &[]);
+    }
+    // A cold prefix, one request at a time, stays where it first went.
+    let cold = "a rarely used system prompt ".repeat(20);
+    let mut homes = Vec::new();
+    for t in 0..6 {
+        let d = route(&mut r, &format!("{cold}question {t}"), t);
+        assert!(!d.reason.guard);
+        homes.push(d.index);
+        r.release(d.index);
+    }
+    assert!(homes.iter().all(|&h| h == homes[0]), "{homes:?}");
+    // A hot prefix, its requests overlapping: the first replica takes it up
+    // to the bound, then a second one warms it, then they share it by load.
+    let hot = "a popular system prompt ".repeat(20);
+    let mut seen = Vec::new();
+    for t in 10..14 {
+        let d = route(&mut r, &format!("{hot}question {t}"), t);
+        seen.push((d.index, d.reason.kind, d.reason.guard));
+    }
+    let (first, second) = (seen[0].0, seen[2].0);
+    assert_ne!(first, second);
+    assert_eq!(
+        seen,
+        [
+            (first, Kind::CacheMiss, false),
+            // It has 3, the others 2: with this one the mean is 2.5, the bound 4.
+            (first, Kind::CacheHit, false),
+            // 5 would pass 2.75 + 1.5: the least loaded takes it, unwarmed.
+            (second, Kind::Guarded, true),
+            // Both hold it; the less loaded of the two is a hit.
+            (second, Kind::CacheHit, false),
+        ]
+    );
+    let held = r
+        .replicas()
+        .iter()
+        .map(|x| x.outstanding)
+        .collect::<Vec<_>>();
+    assert_eq!(held.iter().max(), Some(&4), "{held:?}");
+    // Once that load is gone, the two share it: at equal loads the longer
+    // match wins, and an overlapping request goes to the other holder.
+    for i in [first, first, second, second] {
+        r.release(i);
+    }
+    let a = route(&mut r, &format!("{hot}question 20"), 20);
+    let b = route(&mut r, &format!("{hot}question 21"), 21);
+    assert_eq!(
+        (a.reason.kind, b.reason.kind),
+        (Kind::CacheHit, Kind::CacheHit)
+    );
+    let mut both = [a.index, b.index];
+    both.sort_unstable();
+    let mut expect = [first, second];
+    expect.sort_unstable();
+    assert_eq!(both, expect);
+}
+
+#[test]
+fn a_conversation_that_must_move_keeps_its_system_prompt() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::Prefix);
+    let sys = "the tenant's long system prompt ".repeat(20);
+    let turn1 = format!("{sys}user one asks {}", "x".repeat(100));
+    let a = route(&mut r, &turn1, 0).index;
+    r.release(a);
+    // Another user of the same tenant, kept off `a`, warms the prompt on `b`.
+    let b = r
+        .route_at("m", &body(&format!("{sys}user two asks y")), false, &[a], 1)
+        .unwrap()
+        .index;
+    r.release(b);
+    // `a` gets busy with other work.
+    let rest: Vec<usize> = (0..4).filter(|&i| i != a).collect();
+    for _ in 0..4 {
+        r.pick("m", &rest);
+    }
+    // Turn 2 would be a long hit on `a`, which is over the bound (5 > 2.75):
+    // it goes to `b`, which holds the system prompt, not to an empty replica.
+    let turn2 = format!("{turn1} reply one and question two");
+    let d = route(&mut r, &turn2, 2);
+    assert_eq!(
+        (d.index, d.reason.kind, d.reason.guard),
+        (b, Kind::Spilled, true)
+    );
+    assert_eq!(d.reason.matched, sys.len() + "user ".len());
+    let on_a = d.reason.candidates.iter().find(|c| c.index == a).unwrap();
+    assert_eq!((on_a.load, on_a.matched), (4, turn1.len()));
 }
 
 #[test]
@@ -276,14 +387,19 @@ fn config_errors_name_the_field() {
         e.0.contains("is not valid in field `weights.load`: invalid type"),
         "{e}"
     );
-    let e = RoutingConfig::from_json("m", r#"{"guard_abs":-3}"#).unwrap_err();
+    let e = RoutingConfig::from_json("m", r#"{"guard_abs":"3"}"#).unwrap_err();
     assert!(e.0.contains("in field `guard_abs`"), "{e}");
+    let e = RoutingConfig::from_json("m", r#"{"guard_abs":-3}"#).unwrap_err();
+    assert!(
+        e.0.contains("has guard_abs = -3, but it must be a number of 0 or more"),
+        "{e}"
+    );
     let e = RoutingConfig::from_json("m", r#"{"weights":{"load":-1}}"#).unwrap_err();
     assert!(e.0.contains("weights.load"), "{e}");
     let c = RoutingConfig::from_json("m", r#"{"policy":"kv","guard_abs":9}"#).unwrap();
     assert_eq!(
         (c.policy, c.guard_abs, c.guard_rel),
-        (PolicyKind::Kv, 9, 1.5)
+        (PolicyKind::Kv, 9.0, 1.25)
     );
 }
 

@@ -121,7 +121,7 @@ proptest! {
     ) {
         let mut r = Router::with_seed(3);
         r.set_replicas((0..4).map(|i| (format!("r{i}"), vec!["m".to_owned()])));
-        r.configure("m", RoutingConfig { policy, guard_abs: 2, ..RoutingConfig::default() }).unwrap();
+        r.configure("m", RoutingConfig { policy, guard_abs: 2.0, ..RoutingConfig::default() }).unwrap();
         let mut out = [0u64; 4];
         let mut healthy = [true; 4];
         for (now, (what, i, p, exclude)) in (0u64..).zip(ops) {

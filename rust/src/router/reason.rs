@@ -18,9 +18,14 @@ pub enum Kind {
     CacheHit,
     /// No replica held `min_match` of the prompt; the least loaded was used.
     CacheMiss,
-    /// The cache-preferred replica was busier than the load guard allows; the
-    /// least loaded was used instead.
+    /// Every replica holding `min_match` of the prompt was over the load
+    /// bound; the least loaded was used instead, and now holds the prompt too.
+    /// For `scored`: the best-scored replica was over the bound; the
+    /// best-scored one under it was used.
     Guarded,
+    /// The replicas holding the longest match were over the load bound; the
+    /// one under it holding the next longest (at least `min_match`) was used.
+    Spilled,
     /// The best weighted score.
     Scored,
     /// A prompt-aware policy got no prompt (`pick`, or a body it could not
@@ -39,6 +44,7 @@ impl Kind {
             Kind::CacheHit => "cache_hit",
             Kind::CacheMiss => "cache_miss",
             Kind::Guarded => "guarded",
+            Kind::Spilled => "spilled",
             Kind::Scored => "scored",
             Kind::NoPrompt => "no_prompt",
         }
@@ -83,8 +89,14 @@ pub struct Reason {
     pub matched: usize,
     /// The prompt's length.
     pub total: usize,
-    /// True when the load guard overrode the cache.
+    /// True when the load bound overrode the cache (or the best score): the
+    /// preferred replicas were all over it.
     pub guard: bool,
+    /// The load bound of this decision: the most outstanding requests a
+    /// replica may have, this one included, and still be preferred for its
+    /// cache or score; absent for policies that do not use it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound: Option<f64>,
     /// Why the configured policy was not the one used, when it was not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fallback: Option<&'static str>,

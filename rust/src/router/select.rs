@@ -37,9 +37,44 @@ fn least_load(cands: &[Cand]) -> usize {
     best
 }
 
-/// True when the load guard forbids following the cache to `load`.
-fn guarded(load: u64, min: u64, c: &RoutingConfig) -> bool {
-    load > min.saturating_add(c.guard_abs) && load as f64 > min as f64 * c.guard_rel
+/// Matches within `total / TIE` of each other count as equally long, and the
+/// less loaded replica wins among them. Without it a hot prefix held by two
+/// replicas would always go to the one that happens to match a few more bytes
+/// (in approximate mode the tree also holds the start of whichever user's
+/// message each replica saw last), loading it up to the bound before the other
+/// took a request; in precise mode it spans a few blocks of a long prompt.
+const TIE: usize = 32;
+
+/// The load bound of one decision: a replica may be preferred for its cache or
+/// score while its outstanding requests, this one included, are at most
+/// `max(guard_rel * mean, mean + guard_abs)`, where `mean` is the candidates'
+/// mean with this request counted. Relative to the mean, the bound is tight
+/// where balance matters (a busy model) and loose on an idle one, where a hit
+/// is worth more than spreading two requests.
+fn bound(cands: &[Cand], c: &RoutingConfig) -> f64 {
+    let sum = cands.iter().fold(0u64, |s, c| s.saturating_add(c.load));
+    let mean = (sum as f64 + 1.0) / cands.len().max(1) as f64;
+    (mean * c.guard_rel).max(mean + c.guard_abs)
+}
+
+/// True when a replica with `load` outstanding may not take one more.
+fn over(load: u64, bound: f64) -> bool {
+    load as f64 + 1.0 > bound
+}
+
+/// Among the candidates that `pred` admits, the least loaded; ties go to the
+/// longer match, then to the rotation (candidates are in rotation order).
+fn lightest(cands: &[Cand], pred: impl Fn(&Cand) -> bool) -> Option<usize> {
+    let mut best: Option<(usize, &Cand)> = None;
+    for (k, c) in cands.iter().enumerate() {
+        if !pred(c) {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| (c.load, b.matched) < (b.load, c.matched)) {
+            best = Some((k, c));
+        }
+    }
+    best.map(|(k, _)| k)
 }
 
 /// Weighted score; each term is in 0..=1 with 1 the best. Load and queue use
@@ -110,7 +145,7 @@ impl Router {
                 }
             }
         }
-        let (chosen, kind) = self.choose(policy, matches.as_ref(), &mut cands, &cfg);
+        let (chosen, kind, bound) = self.choose(policy, matches.as_ref(), &mut cands, &cfg);
         let c = *cands.get(chosen)?;
         let reason = Reason {
             policy,
@@ -118,7 +153,8 @@ impl Router {
             unit: matches.as_ref().map(|mt| mt.unit),
             matched: c.matched,
             total: matches.as_ref().map_or(0, |mt| mt.total),
-            guard: kind == Kind::Guarded,
+            guard: matches!(kind, Kind::Guarded | Kind::Spilled),
+            bound,
             fallback,
             candidates: cands
                 .iter()
@@ -222,56 +258,75 @@ impl Router {
         }
     }
 
-    /// The policy proper: which candidate, and what kind of decision.
+    /// The policy proper: which candidate, what kind of decision, and the load
+    /// bound when the policy used one.
     fn choose(
         &mut self,
         policy: PolicyKind,
         matches: Option<&Matches>,
         cands: &mut [Cand],
         cfg: &RoutingConfig,
-    ) -> (usize, Kind) {
+    ) -> (usize, Kind, Option<f64>) {
         let least = least_load(cands);
-        let min_load = cands.get(least).map_or(0, |c| c.load);
         match (policy, matches) {
-            (PolicyKind::RoundRobin, _) => (0, Kind::Rotation),
-            (PolicyKind::LeastLoad, _) => (least, Kind::LeastLoad),
-            (PolicyKind::PowerOfTwo, _) => (self.two_choices(cands), Kind::PowerOfTwo),
-            (_, None) => (least, Kind::NoPrompt),
+            (PolicyKind::RoundRobin, _) => (0, Kind::Rotation, None),
+            (PolicyKind::LeastLoad, _) => (least, Kind::LeastLoad, None),
+            (PolicyKind::PowerOfTwo, _) => (self.two_choices(cands), Kind::PowerOfTwo, None),
+            (_, None) => (least, Kind::NoPrompt, None),
             (PolicyKind::Scored, Some(mt)) => {
+                let b = bound(cands, cfg);
                 let max_load = cands.iter().map(|c| c.load).max().unwrap_or(0);
                 let max_wait = cands.iter().map(|c| c.engine.waiting).max().unwrap_or(0);
                 let (mut best, mut best_score) = (0, f64::MIN);
+                let mut under: Option<(usize, f64)> = None;
                 for (k, c) in cands.iter_mut().enumerate() {
                     let s = score(c, mt.total, max_load, max_wait, cfg);
                     c.score = Some(s);
                     if s > best_score {
                         (best, best_score) = (k, s);
                     }
+                    if !over(c.load, b) && under.is_none_or(|(_, u)| s > u) {
+                        under = Some((k, s));
+                    }
                 }
-                let load = cands.get(best).map_or(0, |c| c.load);
-                if guarded(load, min_load, cfg) {
-                    (least, Kind::Guarded)
-                } else {
-                    (best, Kind::Scored)
+                match under {
+                    Some((k, _)) if k == best => (best, Kind::Scored, Some(b)),
+                    Some((k, _)) => (k, Kind::Guarded, Some(b)),
+                    None => (least, Kind::Guarded, Some(b)),
                 }
             }
             (_, Some(mt)) => {
-                // Longest match; ties to the less loaded, then the rotation.
-                let mut best = 0;
-                for (k, c) in cands.iter().enumerate() {
-                    if cands.get(best).is_some_and(|b| {
-                        c.matched > b.matched || (c.matched == b.matched && c.load < b.load)
-                    }) {
-                        best = k;
-                    }
+                // The longest match wins unless the replicas holding it are
+                // over the load bound; then the next longest under it, so that
+                // a conversation that must move keeps what it can (its system
+                // prompt) and a hot prefix warms a second replica, after which
+                // requests choose between the two by load.
+                let floor = cfg.min_match * mt.total as f64;
+                let holds = |c: &Cand| c.matched > 0 && c.matched as f64 >= floor;
+                let Some(longest) = cands.iter().filter(|c| holds(c)).map(|c| c.matched).max()
+                else {
+                    return (least, Kind::CacheMiss, None);
+                };
+                let tie = mt.total / TIE;
+                let b = bound(cands, cfg);
+                let hit = lightest(cands, |c| {
+                    holds(c) && c.matched + tie >= longest && !over(c.load, b)
+                });
+                if let Some(k) = hit {
+                    return (k, Kind::CacheHit, Some(b));
                 }
-                let (held, load) = cands.get(best).map_or((0, 0), |c| (c.matched, c.load));
-                if held == 0 || (held as f64) < cfg.min_match * mt.total as f64 {
-                    (least, Kind::CacheMiss)
-                } else if guarded(load, min_load, cfg) {
-                    (least, Kind::Guarded)
-                } else {
-                    (best, Kind::CacheHit)
+                let next = cands
+                    .iter()
+                    .filter(|c| holds(c) && !over(c.load, b))
+                    .map(|c| c.matched)
+                    .max();
+                match next.and_then(|top| {
+                    lightest(cands, |c| {
+                        holds(c) && c.matched + tie >= top && !over(c.load, b)
+                    })
+                }) {
+                    Some(k) => (k, Kind::Spilled, Some(b)),
+                    None => (least, Kind::Guarded, Some(b)),
                 }
             }
         }
