@@ -114,3 +114,23 @@ def test_a_start_lost_with_the_stream_is_sent_again(tmp_path: Path) -> None:
         await db.close()
 
     run(body())
+
+
+def test_wake_scales_a_model_from_zero(tmp_path: Path) -> None:
+    async def body() -> None:
+        db = await connect(f"sqlite:///{tmp_path}/db")
+        await migrate(db)
+        zero = Model(name="z", source=Source(repo="o/z"), min_replicas=0, max_replicas=2,
+                     profiles=MODEL.profiles)
+        fleet = Fleet(db, Settings(), [zero], b"s" * 32)
+        await fleet.load()
+        link = FakeLink("n1")
+        await fleet.register(reg("n1"), link)
+        await fleet.reconcile()
+        assert link.sent == []
+        assert fleet.wake_model("z") == 1
+        await fleet.reconcile()
+        assert [s[:2] for s in link.sent] == [("start", "z-1")]
+        await db.close()
+
+    run(body())

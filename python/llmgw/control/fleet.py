@@ -35,7 +35,7 @@ from llmgw.store import Database
 from llmgw.store import fleet as rows
 from llmgw.store.errors import Invalid, NotFound, Taken, shown
 from llmgw.store.snapshot import bump
-from llmgw.wire import ModelEntry, ReplicaEntry, Snapshot
+from llmgw.wire import ModelEntry, ReplicaEntry, Snapshot, WakeReply
 
 log = logging.getLogger("llmgw.control.fleet")
 
@@ -143,6 +143,8 @@ class Fleet:
         self.config_models = {m.name: m for m in models}
         self.runtime: dict[str, rows.ModelRow] = {}
         self.scale: dict[str, int] = {}
+        self.awake: set[str] = set()
+        """Models a gateway asked to wake (scale from zero)."""
         self.catalog = Catalog(list(models))
         self.nodes: dict[str, Node] = {}
         self.facts: dict[str, NodeFacts] = {}
@@ -244,7 +246,24 @@ class Fleet:
 
     def wanted(self) -> list[reconciler.Want]:
         """The desired state: every catalog model and how many replicas of it."""
-        return reconciler.wanted(self.catalog, self.scale)
+        return reconciler.wanted(self.catalog, self.scale, self.awake)
+
+    def wake_model(self, name: str) -> int:
+        """Scale from zero: a gateway holds requests for a model with no ready replica, so it
+        wants at least one (if it scales from zero). Returns the replicas it now wants.
+
+        The model stays awake while this control plane runs; scaling back to zero after
+        idleness is not built yet.
+        """
+        m = self.model(name)
+        if not m.scale_from_zero:
+            raise Invalid("models.no_scale_from_zero", f"model {m.name} does not scale from zero "
+                          "(scale_from_zero: false); scale it up with `llmgw ctl models scale "
+                          f"{m.name} 1`", "model")
+        self.awake.add(m.name)
+        self.wake()
+        [want] = reconciler.wanted([m], self.scale, self.awake)
+        return want.replicas
 
     def observed(self) -> Observed:
         """The observed state now."""
@@ -685,6 +704,15 @@ async def attach(cp: Any) -> None:
     if snapshots is not None:
         snapshots.add_part(fleet.fill)
         snapshots.poke()
+    async def wake(model: str) -> WakeReply:
+        from llmgw.admin.store_errors import api_error
+
+        try:
+            return WakeReply(model=model, replicas=fleet.wake_model(model))
+        except (NotFound, Invalid) as e:
+            raise api_error(e) from e
+
+    cp.wake = wake  # POST /internal/v1/wake
     server = await agents.serve(fleet, cp.settings)
     cp.spawn(fleet.run(), "fleet")
     if server is not None:
