@@ -27,7 +27,8 @@ PATH_PARAMS = {
     "team": "The team: its ID (team_...) or its path with `:` for `/` (acme:ml).",
     "project": "The project: its ID (proj_...) or its path with `:` for `/` (acme:ml:chat).",
     "user": "The user: its ID (user_...) or its name.",
-    "id": "The ID, as listing or creating it answered.",
+    "id": "The ID, as listing or creating it answered (a node's id as its agent registered it).",
+    "name": "The model's name or one of its aliases.",
 }
 
 _ERRORS = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from llmgw.store.tenancy import scope_paths
 
-from . import audit, internal, keys, meta, requests, tenancy, usage
+from . import audit, fleet, internal, keys, meta, requests, tenancy, usage
 from .route import Route
 
 ROUTES: list[Route] = [
@@ -19,5 +19,6 @@ ROUTES: list[Route] = [
     *audit.ROUTES,
     *usage.routes(names=scope_paths),
     *requests.routes(names=scope_paths),
+    *fleet.ROUTES,
     *internal.ROUTES,
 ]

@@ -25,19 +25,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address of the admin listener (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8081, help="port of the admin listener (default 8081)")
-    parser.add_argument("--config", metavar="PATH", help="server.yaml to read (its `control_plane:` section)")
+    parser.add_argument("--config", metavar="PATH", help="server.yaml to read (its `control_plane:` and `models:` sections)")
 
 
 def _prepare(args: argparse.Namespace) -> str:
     """Validates everything, creates the data dir's files, migrates; returns the worker's config."""
     from llmgw.control import datadir
-    from llmgw.control.settings import ServerConfig, default_data_dir, encode_config, load_settings
+    from llmgw.control.settings import (
+        ServerConfig,
+        default_data_dir,
+        encode_config,
+        load_models,
+        load_settings,
+    )
     from llmgw.store import connect, migrate
 
     data_dir = (args.data_dir or default_data_dir()).expanduser().absolute()
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
     settings = load_settings(args.config)
+    models = load_models(args.config)
     datadir.prepare(data_dir)
     store = args.store or f"sqlite:///{data_dir / 'llmgw.db'}"
 
@@ -52,7 +59,7 @@ def _prepare(args: argparse.Namespace) -> str:
 
     asyncio.run(migrate_once())
     cfg = ServerConfig(data_dir=str(data_dir), store=store, host=args.host, port=args.port,
-                       settings=settings)
+                       settings=settings, models=models)
     return encode_config(cfg)
 
 

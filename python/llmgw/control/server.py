@@ -42,6 +42,7 @@ ATTACH: tuple[str, ...] = (
     "llmgw.control.usage:attach",  # first: the limits read cp.used_tokens at attach
     "llmgw.control.snapshots:attach",
     "llmgw.control.limits:attach",
+    "llmgw.control.fleet:attach",  # after snapshots: it adds the replicas to them
 )
 
 GATEWAY_TOKEN_LABEL = "llmgw gateway token v1"
@@ -73,6 +74,10 @@ class ControlPlane:
         self.snapshots: Any = None
         self.limits: Any = None
         self.usage: Any = None
+        self.fleet: Any = None
+        self.wake: Callable[[str], Awaitable[Any]] | None = None
+        """Scale from zero for POST /internal/v1/wake (set by control/fleet.py)."""
+        """The fleet: nodes, models, replicas and the reconcile loop (control/fleet.py)."""
         self.ingest_usage: Callable[[UsageBatch], Awaitable[None]] | None = None
         """Stores one gateway batch (set by control/usage.py)."""
         self.used_tokens: Callable[[str, float], Awaitable[int]] | None = None

@@ -9,13 +9,15 @@ the data dir itself).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from llmgw.config import ConfigError, read_server_yaml
+from llmgw.control.catalog import CatalogError, Model, load_from_server
 from llmgw.durations import parse_duration
 
 CONFIG_ENV = "LLMGW_CONTROL_CONFIG"
@@ -35,6 +37,60 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A gateway worker not heard from for this long is gone: its open requests are settled
     as `interrupted`. Gateways send a batch (empty when idle) every fraction of a second."""
 
+    # -- the fleet: agents, placement, replicas ------------------------------------------
+    agent_host: str = "127.0.0.1"
+    """Where the agent service listens (gRPC; `llmgw agent --control-plane HOST:PORT`)."""
+    agent_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8082
+    agent_insecure: bool = False
+    """Plaintext agent streams, allowed only on a loopback `agent_host`. Mutual TLS is not
+    built yet, so without this the agent port stays closed (the control plane still runs)."""
+    reconcile_every: float = 1.0
+    """Seconds between reconcile passes; every agent event also starts one."""
+    placement_settle: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    """Seconds after start before the first replica is placed, so that the agents of a
+    cluster that starts together have all registered and replicas spread over them rather
+    than fill the first node that came up. 0: place at once."""
+    unreachable_after: float = 30.0
+    """A node without a heartbeat this long is unreachable (its replicas are still routed)."""
+    lost_after: float = 120.0
+    """A node without a heartbeat this long is lost: its replicas are placed elsewhere."""
+    heartbeat_interval: float = 5.0
+    """What agents are told: seconds between their heartbeats."""
+    max_failures: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 5
+    """Engine crashes within `failure_window` that park a replica."""
+    failure_window: float = 600.0
+    restart_backoff_initial: float = 1.0
+    restart_backoff_max: float = 60.0
+    drain_timeout: float = 30.0
+    """How long a stopped replica gets to finish its requests in flight before SIGKILL."""
+    engine_log_lines: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 500
+    """Engine output lines each agent keeps per replica (`ctl nodes logs`)."""
+    replica_retention: float = 3600.0
+    """Stopped replicas are listed (and their ids not reused) this long."""
+
+    def __post_init__(self) -> None:
+        if self.lost_after <= self.unreachable_after:
+            raise ValueError(f"lost_after ({self.lost_after:g} s) must be longer than "
+                             f"unreachable_after ({self.unreachable_after:g} s)")
+        if self.heartbeat_interval >= self.unreachable_after:
+            raise ValueError(f"heartbeat_interval ({self.heartbeat_interval:g} s) must be shorter "
+                             f"than unreachable_after ({self.unreachable_after:g} s), or every "
+                             "node would be unreachable between two heartbeats")
+        if self.agent_insecure and not is_loopback(self.agent_host):
+            raise ValueError(f"agent_insecure (plaintext) is allowed only on a loopback "
+                             f"agent_host, and {self.agent_host} is not; agents on other "
+                             "machines need mutual TLS")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine's loopback (localhost, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Everything one control plane process is started with."""
@@ -44,6 +100,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8081
     settings: Settings = msgspec.field(default_factory=Settings)
+    models: list[Model] = msgspec.field(default_factory=list)
+    """The `models:` of server.yaml, validated (models added at runtime are in the store)."""
 
 
 def default_data_dir() -> Path:
@@ -75,13 +133,29 @@ def load_settings(path: str | None) -> Settings:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping")
     raw = dict(raw)
-    for name in ("max_key_ttl", "request_retention", "gateway_silent_for"):
+    for name in _DURATIONS:
         if raw.get(name) is not None:
             raw[name] = seconds(raw[name], f"{where}.{name}")
     try:
         return msgspec.convert(raw, Settings, strict=True)
     except msgspec.ValidationError as e:
         raise ConfigError(f"{where} is invalid: {e}") from e
+
+
+_DURATIONS = ("max_key_ttl", "request_retention", "gateway_silent_for", "reconcile_every",
+              "unreachable_after", "lost_after", "heartbeat_interval", "failure_window",
+              "restart_backoff_initial", "restart_backoff_max", "drain_timeout",
+              "replica_retention")
+
+
+def load_models(path: str | None) -> list[Model]:
+    """The validated `models:` section of the server.yaml at `path` (none without one)."""
+    if path is None:
+        return []
+    try:
+        return list(load_from_server(read_server_yaml(path), f"configuration file {path}"))
+    except CatalogError as e:
+        raise ConfigError(str(e)) from e
 
 
 def encode_config(cfg: ServerConfig) -> str:

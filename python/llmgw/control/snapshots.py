@@ -35,6 +35,14 @@ class SnapshotPublisher:
         self._changed = asyncio.Event()
         self._lock = asyncio.Lock()
         self._poke = asyncio.Event()
+        self.parts: list[Callable[[Snapshot], Snapshot]] = []
+        """Other parts' additions to every snapshot built (the fleet's models and replicas),
+        applied in order after the store's; see `add_part`."""
+
+    def add_part(self, part: Callable[[Snapshot], Snapshot]) -> None:
+        """Adds `part(snapshot) -> snapshot` to every build. A part must not change what it
+        adds without bumping the store's snapshot version, or gateways never see it."""
+        self.parts.append(part)
 
     @property
     def version(self) -> int | None:
@@ -86,8 +94,12 @@ class SnapshotPublisher:
         """
         failures = 0
         while True:
+            # asyncio.timeout, not wait_for: on 3.11, wait_for whose inner wait has just
+            # finished swallows a cancel (gh-86296), and stop() then waits forever for this
+            # task (a poke right before a stop hung the control plane's shutdown).
             try:
-                await asyncio.wait_for(self._poke.wait(), every)
+                async with asyncio.timeout(every):
+                    await self._poke.wait()
             except TimeoutError:
                 pass
             self._poke.clear()
@@ -108,7 +120,10 @@ async def attach(cp: Any) -> None:
     pub = SnapshotPublisher()
 
     async def build() -> Snapshot:
-        return await build_snapshot(cp.db)
+        snap = await build_snapshot(cp.db)
+        for part in pub.parts:
+            snap = part(snap)
+        return snap
 
     await pub.refresh(build)
     cp.snapshots = pub

@@ -111,6 +111,16 @@ def _request(cmd: Command, args: argparse.Namespace) -> tuple[str, dict[str, str
         value = getattr(args, _dest(a))
         if value is None or (a.kind == "flag" and not value):
             continue
+        if a.kind == "int" and not isinstance(value, int):
+            try:
+                value = int(value)
+            except ValueError:
+                raise _Usage(f"{a.flag} must be a whole number, not {value!r}") from None
+        if a.kind == "list":
+            value = [v.strip() for v in str(value).split(",") if v.strip()]
+        if a.kind == "model":
+            body = _model_file(Path(value))
+            continue
         if a.to == "path":
             text = str(value).replace("/", ":") if a.kind == "ref" else str(value)
             path = path.replace("{" + a.field + "}", quote(text, safe=":"))
@@ -133,6 +143,30 @@ def _request(cmd: Command, args: argparse.Namespace) -> tuple[str, dict[str, str
 
 class _Usage(Exception):
     pass
+
+
+def _model_file(path: Path) -> dict[str, Any]:
+    """One model from a YAML or JSON file, validated here (so a bad field is named with its
+    path before anything is sent) and with sizes like 80GiB in bytes, as the API takes them."""
+    import msgspec
+    import yaml
+
+    from llmgw.control.catalog import CatalogError, load_models
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise _Usage(f"cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise _Usage(f"{path} is not valid YAML or JSON: {e}") from None
+    if isinstance(doc, dict) and isinstance(doc.get("models"), list) and len(doc["models"]) == 1:
+        doc = doc["models"][0]  # a whole server.yaml-style file with one model
+    try:
+        [model] = load_models([doc], str(path))
+    except CatalogError as e:
+        raise _Usage(str(e)) from None
+    body: dict[str, Any] = msgspec.to_builtins(model)
+    return body
 
 
 def run(args: argparse.Namespace) -> int:

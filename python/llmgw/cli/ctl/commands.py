@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Where = Literal["path", "query", "body"]
-Kind = Literal["text", "ref", "int", "bool", "flag"]
+Kind = Literal["text", "ref", "int", "bool", "flag", "list", "model"]
 Output = Literal["table", "object", "key", "csv", "json", "routes", "done"]
 ColumnKind = Literal["text", "time", "duration", "limits", "bool"]
 
@@ -28,7 +28,9 @@ class Arg:
     help: str
     kind: Kind = "text"
     """ref: a path like acme/ml, sent as acme:ml in a URL path; flag: an on/off option
-    sent as true when given; bool: --x / --no-x."""
+    sent as true when given; bool: --x / --no-x; list: comma-separated values, sent as a
+    JSON list; model: a YAML or JSON file holding one model, as in server.yaml's `models:`,
+    sent (validated, sizes in bytes) as the whole body."""
     required: bool = False
     choices: tuple[str, ...] | None = None
     default: str | None = None
@@ -90,6 +92,16 @@ _KEY = (Column("ID", "id"), Column("NAME", "name"), Column("PREFIX", "prefix"), 
 _USAGE = (Column("SCOPE", "path"), Column("REQUESTS", "requests"), Column("ERRORS", "errors"),
           Column("PROMPT", "prompt_tokens"), Column("COMPLETION", "completion_tokens"),
           Column("TOTAL", "total_tokens"))
+_NODE = (Column("ID", "id"), Column("HOSTNAME", "hostname"), Column("STATE", "state"),
+         Column("CONNECTED", "connected", "bool"), Column("GPUS", "gpu_summary"),
+         Column("REPLICAS", "replicas"), Column("HEARTBEAT", "last_heartbeat", "time"),
+         Column("REASON", "reason"))
+_MODEL = (Column("NAME", "name"), Column("ORIGIN", "origin"), Column("WANTED", "wanted"),
+          Column("READY", "ready"), Column("STARTING", "starting"), Column("PARKED", "parked"),
+          Column("UNPLACED", "unplaced"), Column("REASON", "reason"))
+_REPLICA = (Column("ID", "id"), Column("MODEL", "model"), Column("NODE", "node"),
+            Column("STATE", "state"), Column("URL", "url"), Column("RESTARTS", "restarts"),
+            Column("ROUTED", "routed", "bool"), Column("REASON", "reason"))
 _AUDIT = (Column("AT", "at", "time"), Column("ACTOR", "actor"), Column("ACTION", "action"),
           Column("TARGET", "target"))
 
@@ -201,6 +213,43 @@ COMMANDS: list[Command] = [
             "send a kept request again, to any model",
             (Arg("ID", "path", "id", "the request's ID"),
              Arg("--model", "body", "model", "the model to send it to", required=True)), (), "json"),
+    Command("nodes", "list", "GET", "/api/v1/nodes", "list the nodes and their GPUs", (), _NODE),
+    Command("nodes", "state", "POST", "/api/v1/nodes/{id}/state", "cordon, drain or ready a node",
+            (Arg("ID", "path", "id", "the node's id"),
+             Arg("STATE", "body", "state", "cordon, drain or ready")), _NODE, "object"),
+    Command("nodes", "logs", "GET", "/api/v1/nodes/{id}/logs", "engine output lines from a node",
+            (Arg("ID", "path", "id", "the node's id"),
+             Arg("--lines", "query", "lines", "the last N lines of each engine (default 100)", "int"),
+             Arg("--source", "query", "source", "only this replica's engine")), (), "json"),
+    Command("nodes", "remove", "DELETE", "/api/v1/nodes/{id}", "forget a lost or empty node",
+            (Arg("ID", "path", "id", "the node's id"),), _NODE, "done", "removed node {id}"),
+    Command("models", "list", "GET", "/api/v1/models", "list the models and their replicas", (),
+            _MODEL),
+    Command("models", "add", "POST", "/api/v1/models", "add a model from a YAML or JSON file",
+            (Arg("FILE", "body", "", "one model, as an entry of server.yaml's models:", "model"),),
+            _MODEL, "object"),
+    Command("models", "get", "GET", "/api/v1/models/{name}", "show one model and its replicas",
+            (Arg("NAME", "path", "name", "the model's name or alias"),), (), "json"),
+    Command("models", "remove", "DELETE", "/api/v1/models/{name}",
+            "remove a model added with `models add` (its replicas stop)",
+            (Arg("NAME", "path", "name", "the model's name"),), _MODEL, "done", "removed model {name}"),
+    Command("models", "scale", "POST", "/api/v1/models/{name}/scale", "set a model's replicas",
+            (Arg("NAME", "path", "name", "the model's name or alias"),
+             Arg("REPLICAS", "body", "replicas", "how many", "int")), _MODEL, "object"),
+    Command("replicas", "", "GET", "/api/v1/replicas", "replicas and where they run",
+            (Arg("--model", "query", "model", "only this model's replicas"),
+             Arg("--all", "query", "all", "list stopped replicas too", "flag")), _REPLICA),
+    Command("explain-placement", "", "GET", "/api/v1/explain-placement",
+            "why a model's replicas go where they go, node by node",
+            (Arg("--model", "query", "model", "the model", required=True),), (), "json"),
+    Command("headroom", "", "GET", "/api/v1/models/{name}/headroom",
+            "how many more replicas of a model fit, and where",
+            (Arg("NAME", "path", "name", "the model's name or alias"),
+             Arg("--limit", "query", "limit", "the most to count (default 100)", "int")), (), "json"),
+    Command("restart", "", "POST", "/api/v1/restart", "restart replicas (parked ones in place)",
+            (Arg("--replicas", "body", "replicas", "replica ids, comma-separated", "list"),
+             Arg("--models", "body", "models", "every replica of these models, comma-separated",
+                 "list")), (), "json"),
     Command("api", "routes", "GET", "/api/v1/openapi.json", "every route of the admin API",
             (), (Column("METHOD", "method"), Column("PATH", "path"), Column("SUMMARY", "summary")),
             "routes"),

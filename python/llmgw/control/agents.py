@@ -1,0 +1,201 @@
+"""The agent service: the gRPC server agents stream to, on the control plane's own event loop.
+
+Each agent holds one `Connect` stream. Its first message must be Register; the
+answer starts with Settings (heartbeat interval, restart and park policy), then
+carries commands. Everything an agent says is turned into the plain values of
+`llmgw.control.fleet` here, so the fleet never sees protobuf or gRPC.
+
+Plaintext is served only on a loopback address and only with `agent_insecure:
+true`; mutual TLS (certificates from `llmgw server init`, a join token) is a
+later step, and until it lands the agent port stays closed otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from llmgw.control.catalog import Model, Profile
+from llmgw.control.fleet import Fleet, NodeFacts, Registration, Status
+from llmgw.control.inventory import Gpu, Replica, ReplicaState, gpu_class_of
+from llmgw.control.settings import Settings, is_loopback
+from llmgw.v1 import agent_pb2 as pb
+from llmgw.v1.agent_pb2_grpc import AgentServiceServicer, add_AgentServiceServicer_to_server
+
+log = logging.getLogger("llmgw.control.agents")
+
+STATES: dict[int, ReplicaState] = {
+    pb.REPLICA_STATE_PENDING: "pending",
+    pb.REPLICA_STATE_STARTING: "starting",
+    pb.REPLICA_STATE_READY: "ready",
+    pb.REPLICA_STATE_DRAINING: "draining",
+    pb.REPLICA_STATE_STOPPED: "stopped",
+    pb.REPLICA_STATE_PARKED: "parked",
+}
+READY_LINE = "llmgw agent service listening on"
+
+_CLOSE: Any = object()
+"""Put in a link's outbox to end its stream."""
+
+
+def status(s: pb.ReplicaStatus) -> Status:
+    """The fleet's form of one replica status (an unknown state reads as pending)."""
+    return Status(replica_id=s.replica_id, model=s.model, state=STATES.get(s.state, "pending"),
+                  port=s.port, pid=s.engine_pid, restarts=s.restarts, reason=s.reason)
+
+
+def peer_host(peer: str) -> str:
+    """The IP of a gRPC peer string (`ipv4:127.0.0.1:5000`, `ipv6:[::1]:5000`), or ''."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    if kind == "ipv6":
+        host = rest.rsplit(":", 1)[0].strip("[]")
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return ""
+        return host
+    return ""
+
+
+def registration(reg: pb.Register, peer: str) -> Registration:
+    """The fleet's form of a Register, with GPU classes and NVLink peers as indices."""
+    index = {g.uuid: g.index for g in reg.gpus}
+    gpus = [Gpu(uuid=g.uuid, index=g.index, model=g.model,
+                gpu_class=gpu_class_of(g.model, g.memory_total_bytes),
+                memory_total=g.memory_total_bytes, memory_free=g.memory_free_bytes,
+                nvlink_peers=tuple(sorted(index[p] for p in g.nvlink_peers if p in index)),
+                simulated=g.simulated) for g in reg.gpus]
+    facts = NodeFacts(gpus=gpus, cpu_cores=float(reg.cpu_count), memory_bytes=reg.memory_bytes,
+                      engines=sorted(e.name for e in reg.engines), gpu_note=reg.gpu_note,
+                      agent_version=reg.agent_version, boot_id=reg.boot_id,
+                      address=reg.advertise_address or peer_host(peer))
+    return Registration(node_id=reg.node_id, hostname=reg.hostname, labels=dict(reg.labels),
+                        facts=facts, replicas=tuple(status(s) for s in reg.replicas))
+
+
+def agent_settings(s: Settings) -> pb.Settings:
+    """What every agent is told when it registers."""
+    return pb.Settings(
+        heartbeat_interval_ms=round(s.heartbeat_interval * 1000), max_failures=s.max_failures,
+        failure_window_s=max(1, round(s.failure_window)),
+        restart_backoff_initial_ms=round(s.restart_backoff_initial * 1000),
+        restart_backoff_max_ms=round(s.restart_backoff_max * 1000),
+        log_lines=s.engine_log_lines)
+
+
+class Link:
+    """One agent's stream as the fleet sees it: commands go to its outbox."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.outbox: asyncio.Queue[Any] = asyncio.Queue()
+
+    def send(self, **kw: Any) -> None:
+        self.outbox.put_nowait(pb.ControlMessage(**kw))
+
+    def start(self, replica: Replica, model: Model, profile: Profile, key: str) -> None:
+        """StartReplica for `replica` with its profile's engine, arguments and environment."""
+        src = model.source
+        self.send(start_replica=pb.StartReplica(
+            replica_id=replica.id, model=model.name, engine=profile.engine, args=profile.args,
+            env=profile.env, gpu_uuids=list(replica.gpus), port=0, engine_key=key,
+            source=src.path or src.repo or ""))
+
+    def stop(self, replica_id: str, drain_s: float) -> None:
+        """StopReplica."""
+        self.send(stop_replica=pb.StopReplica(replica_id=replica_id,
+                                              drain_seconds=max(0, round(drain_s))))
+
+    def request_logs(self, replica_id: str, lines: int) -> None:
+        """RequestLogs."""
+        self.send(request_logs=pb.RequestLogs(replica_id=replica_id, lines=max(0, lines)))
+
+    def close(self) -> None:
+        """Ends the stream."""
+        self.outbox.put_nowait(_CLOSE)
+
+
+class AgentService(AgentServiceServicer):
+    """The `Connect` stream of every agent, feeding one `Fleet`."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    async def Connect(self, request_iterator: AsyncIterator[pb.AgentMessage],
+                      context: grpc.aio.ServicerContext[pb.AgentMessage, pb.ControlMessage],
+                      ) -> AsyncIterator[pb.ControlMessage]:
+        """One agent's stream: Register first, then its reports; commands go back."""
+        it = aiter(request_iterator)
+        try:
+            first = await anext(it)
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("msg") != "register" or not first.register.node_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "the first message of a stream must be Register with a node_id")
+            return
+        reg = registration(first.register, context.peer())
+        link = Link(reg.node_id)
+        link.send(settings=agent_settings(self.fleet.settings))
+        await self.fleet.register(reg, link)
+        reader = asyncio.create_task(self._read(it, link), name=f"agent {reg.node_id}")
+        reader.add_done_callback(lambda _: link.close())
+        try:
+            while True:
+                msg = await link.outbox.get()
+                if msg is _CLOSE:
+                    break
+                yield msg
+        finally:
+            reader.cancel()
+            self.fleet.disconnected(reg.node_id, link)
+
+    async def _read(self, it: AsyncIterator[pb.AgentMessage], link: Link) -> None:
+        node = link.node_id
+        try:
+            async for msg in it:
+                kind = msg.WhichOneof("msg")
+                if kind == "heartbeat":
+                    hb = msg.heartbeat
+                    await self.fleet.report(node, link, [status(s) for s in hb.replicas], True,
+                                            {g.uuid: g.memory_free_bytes for g in hb.gpus})
+                elif kind == "replica_status":
+                    await self.fleet.report(node, link, [status(msg.replica_status)], False)
+                elif kind == "engine_logs":
+                    self.fleet.logs_arrived(msg.engine_logs.replica_id, list(msg.engine_logs.lines))
+                # register again on one stream, kv_events: not used yet
+        except grpc.aio.AioRpcError:
+            pass  # the stream was cut; the agent reconnects
+        except Exception:
+            log.exception("the stream of node %s failed", node)
+
+
+async def serve(fleet: Fleet, settings: Settings) -> grpc.aio.Server | None:
+    """Starts the agent service, or says why it does not and returns None."""
+    if not settings.agent_insecure:
+        log.info("the agent port is closed: mutual TLS for agents is not built yet; set "
+                    "control_plane.agent_insecure: true to take agents on this machine in "
+                    "plaintext on %s:%d", settings.agent_host, settings.agent_port)
+        return None
+    if not is_loopback(settings.agent_host):  # Settings refuses this at load too
+        raise RuntimeError(f"agent_insecure is allowed only on loopback, not {settings.agent_host}")
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+                                      ("grpc.keepalive_permit_without_calls", 1),
+                                      ("grpc.http2.min_ping_interval_without_data_ms", 5000)])
+    add_AgentServiceServicer_to_server(AgentService(fleet), server)
+    address = f"{settings.agent_host}:{settings.agent_port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as e:
+        raise RuntimeError(f"cannot listen for agents on {address}: {e}; is another control plane "
+                           "using it? Set control_plane.agent_port") from e
+    await server.start()
+    log.info("%s %s (plaintext, loopback only)", READY_LINE, address)
+    return server
