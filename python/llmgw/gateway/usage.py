@@ -121,6 +121,15 @@ class UsageSink:
             log.error("usage: %d records dropped: the control plane has not taken any for a while and %d "
                       "are waiting (usage_max_pending)", self.dropped, self.max_pending)
             self.dropped = 0
+        if self.opens and self.finals:
+            # An open is there for a request that may still be running if this worker
+            # dies; one that already ended goes with its final, so its open is dropped
+            # before it is ever sent. Short requests then cost one record, not two: the
+            # control plane's share of the CPU halves under load. Only opens not sent yet
+            # (forwarded since the last post) can be dropped: those sent earlier stay
+            # in the store until the final replaces them.
+            ended = {f.request_id for f in self.finals}
+            self.opens = [o for o in self.opens if o.request_id not in ended]
         while self.opens or self.finals or self.last_used:
             n_open = min(len(self.opens), MAX_BATCH_RECORDS)
             n_final = min(len(self.finals), MAX_BATCH_RECORDS - n_open)
