@@ -49,7 +49,7 @@ def test_tables_for_people(server: Server, capsys: pytest.CaptureFixture[str],
 ID                     PATH     MAX KEY TTL  LIMITS  CREATED
 team_ID  acme/ml  -            -       TIME
 """, ""))
-    assert ctl(capsys, "orgs", "create", "../etc") == snapshot((1, '', "error: the request body is invalid: Expected `str` matching regex '^[a-z0-9](?:[a-z0-9._-]{0,61}[a-z0-9])?$' - at `$.name`; GET /api/v1/openapi.json shows its schema [admin.invalid_body]\n"))
+    assert ctl(capsys, "orgs", "create", "../etc") == snapshot((1, '', "error: `name` is not a valid name: a name is 1 to 63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit, without '..' [tenancy.bad_name]\n"))
 
 
 def test_unreachable_server_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:

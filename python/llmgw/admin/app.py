@@ -25,6 +25,7 @@ import msgspec
 
 from llmgw.control.server import token_digest
 from llmgw.store.db import Conflict, StoreError
+from llmgw.store.names import NAME_PATTERN, NAME_RULE
 
 from .answers import CSV, JSON, csv_body, error_json, json_body, truncate
 from .matching import BadPath, Router
@@ -281,6 +282,11 @@ async def _read_body(route: Route, scope: Any, protocol: Any) -> Any:
     except msgspec.ValidationError as e:
         text = str(e)
         m = _PARAM_AT.search(text)
+        if NAME_PATTERN in text:
+            # msgspec's own words would quote the regex; an operator wants the rule.
+            field = m.group(1) if m else "name"
+            raise ApiError(400, "tenancy.bad_name", f"`{field}` is not a valid name: {NAME_RULE}",
+                           field) from None
         raise ApiError(400, "admin.invalid_body", f"the request body is invalid: {truncate(text, 300)}; "
                        "GET /api/v1/openapi.json shows its schema", m.group(1) if m else None) from None
     except msgspec.DecodeError as e:
