@@ -26,9 +26,8 @@ from bench.report import Result, Target, git_state, machine_facts, now_iso, toda
 from bench.runner import ROOT
 from llmgw.control.limits import LimitsAuthority
 from llmgw.gateway.auth import KeyTable
-from llmgw.gateway.credentials import KEY_HASH_LABEL
 from llmgw.gateway.limits import Limiter
-from llmgw.secrets import derive, key_hash
+from llmgw.secrets import HASH_LABEL, derive, key_hash
 from llmgw.wire import KeyEntry, Limits, Snapshot
 
 TARGET_US = 20.0
@@ -53,7 +52,7 @@ def _time(fn: Callable[[], object], n: int) -> float:
 def measure(rounds: int, n: int) -> dict[str, list[float]]:
     """Microseconds per request of: the auth path, and the auth + limits path."""
     secret = b"s" * 32
-    hk = derive(secret, KEY_HASH_LABEL)
+    hk = derive(secret, HASH_LABEL)
     keys = [f"sk-llmgw-{i:040d}" for i in range(KEYS)]
     entries = [
         KeyEntry(key_id=f"key_{i}", hash=key_hash(hk, k), org_id="org_1", team_id="team_1",

@@ -17,6 +17,8 @@ API_KEY_SHOWN = 16
 """How many leading characters of a key lists show (`sk-llmgw-` and 7 more)."""
 HASH_LABEL = "llmgw api-key hash v1"
 """The `derive` label of the key that hashes API keys."""
+GATEWAY_TOKEN_LABEL = "llmgw gateway token v1"
+"""The `derive` label of the token gateways show the control plane (hex of the derived key)."""
 
 
 class Secret(str):

@@ -7,6 +7,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 
 
 def announce_when_listening(host: str, port: int, line: str, timeout: float = 60) -> None:
@@ -34,3 +35,18 @@ def announce_when_listening(host: str, port: int, line: str, timeout: float = 60
             return
 
     threading.Thread(target=probe, name="llmgw-ready", daemon=True).start()
+
+
+async def read_body(protocol: Any, limit: int) -> bytes | None:
+    """An RSGI request's whole body, or None once it passes `limit` bytes (reading stops there).
+
+    For bodies without a Content-Length (chunked uploads); with one, `await protocol()`
+    reads it in one call after the declared length was checked."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in protocol:
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)

@@ -26,8 +26,7 @@ from llmgw.admin.internal import ROUTES
 from llmgw.admin.route import ApiError, Raw, Request
 from llmgw.control.limits import LimitsAuthority
 from llmgw.control.snapshots import SnapshotPublisher
-from llmgw.gateway.credentials import GATEWAY_TOKEN_LABEL, KEY_HASH_LABEL
-from llmgw.secrets import derive, key_hash
+from llmgw.secrets import GATEWAY_TOKEN_LABEL, HASH_LABEL, derive, key_hash
 from llmgw.wire import (
     KeyEntry,
     LeaseReply,
@@ -115,7 +114,7 @@ class ControlStub:
         self.secret = os.urandom(32)
         (data_dir / "secret").write_text(self.secret.hex() + "\n")  # as `llmgw server` writes it
         self.token = derive(self.secret, GATEWAY_TOKEN_LABEL).hex()
-        self.hash_key = derive(self.secret, KEY_HASH_LABEL)
+        self.hash_key = derive(self.secret, HASH_LABEL)
         self.state = State(used_tokens)
         self.keys: list[KeyEntry] = []
         self.plaintext: dict[str, str] = {}

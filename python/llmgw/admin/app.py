@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl
 import msgspec
 
 from llmgw.control.server import token_digest
+from llmgw.serving import read_body
 from llmgw.store.db import Conflict, StoreError
 from llmgw.store.names import NAME_PATTERN, NAME_RULE
 
@@ -259,7 +260,7 @@ async def _read_body(route: Route, scope: Any, protocol: Any) -> Any:
     declared = scope.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise _too_large(limit)
-    data = await protocol() if declared is not None else await _read_chunks(protocol, limit)
+    data = await protocol() if declared is not None else await read_body(protocol, limit)
     if data is None or len(data) > limit:
         raise _too_large(limit)
     if not data.strip():
@@ -296,17 +297,6 @@ async def _read_body(route: Route, scope: Any, protocol: Any) -> Any:
     except RecursionError:
         raise ApiError(400, "admin.invalid_json", "the request body nests arrays or objects too "
                        "deeply to read; flatten it") from None
-
-
-async def _read_chunks(protocol: Any, limit: int) -> bytes | None:
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in protocol:
-        size += len(chunk)
-        if size > limit:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def _too_large(limit: int) -> ApiError:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmgw.secrets import HASH_LABEL, derive
+from llmgw.secrets import GATEWAY_TOKEN_LABEL, HASH_LABEL, derive
 from llmgw.store import Database, connect, migrate
 from llmgw.wire import UsageBatch
 
@@ -45,7 +45,6 @@ ATTACH: tuple[str, ...] = (
     "llmgw.control.fleet:attach",  # after snapshots: it adds the replicas to them
 )
 
-GATEWAY_TOKEN_LABEL = "llmgw gateway token v1"
 
 
 def token_digest(token: str) -> bytes:

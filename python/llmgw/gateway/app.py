@@ -21,6 +21,7 @@ from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
 from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
+from llmgw.serving import read_body
 from llmgw.wire import Snapshot
 
 from . import body as reqbody
@@ -220,7 +221,7 @@ class Gateway:
                                f"request body is {declared} bytes; this gateway accepts at most {limit}")
         # With a declared length the body comes in one call; without one (chunked
         # upload) it is read piece by piece and reading stops at the limit.
-        data = await protocol() if declared is not None else await _read_body(protocol, limit)
+        data = await protocol() if declared is not None else await read_body(protocol, limit)
         if data is None or len(data) > limit:
             return self._error(protocol, rid, Kind.BODY_TOO_LARGE,
                                f"request body is over {limit} bytes; this gateway accepts at most {limit}")
@@ -382,18 +383,6 @@ class Gateway:
         assert self.metrics is not None
         protocol.response_bytes(200, [("content-type", "text/plain; version=0.0.4; charset=utf-8"),
                                       ("x-request-id", rid)], self.metrics.render())
-
-
-async def _read_body(protocol: Any, limit: int) -> bytes | None:
-    """The whole request body, or None once it passes `limit` bytes (stops reading there)."""
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in protocol:
-        size += len(chunk)
-        if size > limit:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def _forwarded(headers: Any) -> bytes:

@@ -13,13 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.config import ConfigError, ControlPlane
-from llmgw.secrets import HASH_LABEL, derive
+from llmgw.secrets import GATEWAY_TOKEN_LABEL, HASH_LABEL, derive
 
 TOKEN_ENV = "LLMGW_GATEWAY_TOKEN"
 HASH_KEY_ENV = "LLMGW_KEY_HASH_SECRET"
-GATEWAY_TOKEN_LABEL = "llmgw gateway token v1"
-"""The same label as `llmgw.control.server`'s (the gateway imports no control plane code)."""
-KEY_HASH_LABEL = HASH_LABEL
 
 
 @dataclass(frozen=True)
@@ -58,7 +55,7 @@ def load_credentials(cp: ControlPlane) -> Credentials:
     """The gateway token and hash key, from the data directory or the environment."""
     if cp.data_dir is not None:
         secret = read_secret(cp.data_dir)
-        return Credentials(derive(secret, GATEWAY_TOKEN_LABEL).hex(), derive(secret, KEY_HASH_LABEL))
+        return Credentials(derive(secret, GATEWAY_TOKEN_LABEL).hex(), derive(secret, HASH_LABEL))
     token = os.environ.get(TOKEN_ENV, "")
     hexkey = os.environ.get(HASH_KEY_ENV, "")
     if not token or not hexkey:
