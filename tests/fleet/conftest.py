@@ -120,7 +120,6 @@ class Fleet:
     def kill_node(self, node_id: str) -> None:
         """A machine lost: SIGKILL the agent's group and its engines (each in its own group)."""
         pids = [r["pid"] for r in self.replicas() if r["node"] == node_id and r["pid"]]
-        killpg(self.agents[node_id].popen.pid)
         for pid in pids:
             killpg(pid)
         self.agents[node_id].kill()

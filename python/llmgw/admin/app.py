@@ -23,6 +23,7 @@ from urllib.parse import parse_qsl
 
 import msgspec
 
+from llmgw.control import datadir
 from llmgw.control.server import token_digest
 from llmgw.serving import read_body
 from llmgw.store.db import Conflict, StoreError
@@ -155,10 +156,10 @@ class AdminApp:
     def _authenticate(self, route: Route, header: str | None) -> str:
         """The actor for a valid token of the route's kind; raises ApiError 401/403 otherwise."""
         cp = self.control
-        token_file = cp.data_dir / "admin-token"
+        token_file = cp.data_dir / datadir.ADMIN_TOKEN
         if route.internal:
             where = (f"gateways send the gateway token, derived from the cluster secret in "
-                     f"{cp.data_dir / 'secret'} (give the gateway --data-dir or LLMGW_GATEWAY_TOKEN)")
+                     f"{cp.data_dir / datadir.SECRET} (give the gateway --data-dir or LLMGW_GATEWAY_TOKEN)")
         else:
             where = (f"send `Authorization: Bearer <admin token>`; the admin token is in "
                      f"{token_file} on the control plane's machine")

@@ -13,7 +13,7 @@ import msgspec
 from msgspec import Struct
 
 from llmgw.control.catalog import Model, Name
-from llmgw.control.inventory import Node, Replica
+from llmgw.control.inventory import LIVE, Node, Replica
 from llmgw.control.placement import NodeVerdict
 
 from .route import ApiError, Param, Request, Route
@@ -345,7 +345,7 @@ async def explain_placement(req: Request) -> ExplainView:
     fleet = _fleet(req)
     m = fleet.model(req.query["model"])
     placed = sum(1 for r in fleet.replicas.values()
-                 if r.model == m.name and r.state in ("pending", "starting", "ready", "parked"))
+                 if r.model == m.name and r.state in LIVE)
     return ExplainView(model=m.name, wanted=m.clamp(fleet.scale.get(m.name, m.min_replicas)),
                        placed=placed, nodes=fleet.explain(m.name))
 

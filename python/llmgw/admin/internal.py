@@ -34,9 +34,7 @@ async def snapshot(req: Request) -> Raw:
 
 async def usage(req: Request) -> None:
     """Takes one batch of usage from a gateway worker."""
-    batch = req.body
-    if not isinstance(batch, UsageBatch):
-        raise ApiError(400, "internal.bad_usage", "the body must be a UsageBatch (JSON)")
+    batch: UsageBatch = req.body  # decoded into the route's type by the app
     ingest = getattr(req.state, "ingest_usage", None)
     if ingest is None:
         raise ApiError(503, "internal.usage_not_ready",
@@ -73,9 +71,7 @@ def clean_batch(batch: UsageBatch) -> UsageBatch:
 
 async def leases(req: Request) -> LeaseReply:
     """Grants, takes back and reports limit units for one gateway worker."""
-    ask = req.body
-    if not isinstance(ask, LeaseRequest):
-        raise ApiError(400, "internal.bad_lease", "the body must be a LeaseRequest (JSON)")
+    ask: LeaseRequest = req.body  # decoded into the route's type by the app
     reply: LeaseReply = await req.state.limits.lease(ask)
     return reply
 
@@ -88,9 +84,7 @@ async def wake(req: Request) -> WakeReply:
     the model is unknown or cannot be placed. The gateway then waits for a snapshot that
     lists a replica of it; many gateways asking for one model ask for the same replica.
     """
-    ask = req.body
-    if not isinstance(ask, WakeRequest):
-        raise ApiError(400, "internal.bad_wake", "the body must be a WakeRequest (JSON)")
+    ask: WakeRequest = req.body  # decoded into the route's type by the app
     waker = getattr(req.state, "wake", None)
     if waker is None:
         raise ApiError(404, "fleet.no_placement",

@@ -29,7 +29,7 @@ import msgspec
 from llmgw.agent.engines import engine_key
 from llmgw.control import placement, reconciler
 from llmgw.control.catalog import Catalog, CatalogError, Model, Profile
-from llmgw.control.inventory import AdminState, Gpu, Node, Observed, Replica, ReplicaState
+from llmgw.control.inventory import LIVE, AdminState, Gpu, Node, Observed, Replica, ReplicaState
 from llmgw.control.settings import Settings
 from llmgw.store import Database
 from llmgw.store import fleet as rows
@@ -42,7 +42,6 @@ log = logging.getLogger("llmgw.control.fleet")
 LOGS_WAIT = 5.0
 """How long `ctl nodes logs` waits for an agent's answer."""
 PRUNE_EVERY = 60.0
-_LIVE = frozenset({"pending", "starting", "ready", "parked"})
 ORPHAN_RETRY = 10.0
 """Seconds before a replica an agent should not run is told to stop again."""
 
@@ -280,7 +279,7 @@ class Fleet:
                 # Settling: liveness and stops go on, but nothing is placed yet.
                 wanted = [reconciler.Want(model=w.model, replicas=min(w.replicas, sum(
                     1 for r in self.replicas.values()
-                    if r.model == w.model.name and r.state in _LIVE))) for w in wanted]
+                    if r.model == w.model.name and r.state in LIVE))) for w in wanted]
             actions = reconciler.plan(wanted, self.observed(), now, self.policy, self.timing)
             publish = next(a for a in actions if isinstance(a, reconciler.Publish))
             if any(isinstance(a, reconciler.Unpublish) for a in actions):
@@ -683,7 +682,7 @@ class Fleet:
                                             reason="restarted by an operator")
                     link.start(self.replicas[rid], model, profile, self.engine_key)
                     done.append((rid, "started again in place"))
-                elif r.state in ("pending", "starting", "ready", "parked"):
+                elif r.state in LIVE:
                     await self._publish([p for p in self.published if p != rid])
                     await self._stop(rid, r.state == "ready", "restarted by an operator", now)
                     done.append((rid, "draining; a new replica takes its place"))

@@ -18,6 +18,8 @@ NodeState = Literal["ready", "cordoned", "draining", "unreachable", "lost"]
 AdminState = Literal["ready", "cordoned", "draining"]
 ReplicaState = Literal["pending", "starting", "ready", "draining", "stopped", "parked"]
 
+LIVE: frozenset[ReplicaState] = frozenset({"pending", "starting", "ready", "parked"})
+"""Replicas that count towards a model's wanted number (and are spread across nodes)."""
 RESERVING: frozenset[ReplicaState] = frozenset(
     {"pending", "starting", "ready", "draining", "parked"}
 )

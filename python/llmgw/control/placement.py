@@ -22,9 +22,8 @@ from typing import Protocol
 import msgspec
 
 from llmgw.control.catalog import Model, Profile, fmt_bytes
-from llmgw.control.inventory import RESERVING, Gpu, Node, Replica
+from llmgw.control.inventory import LIVE, RESERVING, Gpu, Node, Replica
 
-SPREAD_STATES = frozenset({"pending", "starting", "ready", "parked"})
 """Replicas that count when spreading a model: a draining one is on its way out."""
 
 # Beyond this many GPU subsets to check for an NVLink-connected one, a greedy
@@ -168,7 +167,7 @@ class Capacity:
         nc.cpu_reserved += cpu
         nc.memory_reserved += memory
         nc.memo.clear()
-        if state in SPREAD_STATES:
+        if state in LIVE:
             nc.models[model] += 1
 
     def reserve(self, model: str, profile: Profile, placement: Placement) -> None:

@@ -28,7 +28,7 @@ from typing import Annotated
 import msgspec
 
 from llmgw.control.catalog import Model
-from llmgw.control.inventory import Node, NodeState, Observed, Replica, ReplicaState
+from llmgw.control.inventory import LIVE, Node, NodeState, Observed, Replica, ReplicaState
 from llmgw.control.placement import BinPacking, Capacity, PlacementPolicy
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
@@ -154,7 +154,6 @@ def wake(want: Want) -> Want:
 
 # -- the pass --------------------------------------------------------------
 
-_LIVE: frozenset[ReplicaState] = frozenset({"pending", "starting", "ready", "parked"})
 """States that count as one of a model's replicas: everything not on its way out."""
 
 # Which surplus replica to stop first: the one doing least (parked, then not yet
@@ -218,7 +217,7 @@ def plan(
 
     for name in sorted(set(by_model) | set(wants)):
         want = wants.get(name)
-        live = [r for r in by_model.get(name, []) if r.state in _LIVE]
+        live = [r for r in by_model.get(name, []) if r.state in LIVE]
         if want is None:
             _stop_all(live, f"model {name} is no longer in the catalog", actions, stopping)
             continue

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from llmgw.secrets import key_hash
+from llmgw.secrets import API_KEY_PREFIX, key_hash
 from llmgw.wire import KeyEntry, Limits, Snapshot
 
-PREFIX = "sk-llmgw-"
+PREFIX = API_KEY_PREFIX
 KEY_LENGTH = len(PREFIX) + 40
 
 # Query parameters under which clients (and some SDKs) put keys: a key in a URL ends up

@@ -423,6 +423,8 @@ class Proxy:
             call.status = "cancelled"
             call.http_status = 499
         self.metrics.request(call.model, call.status, duration, call.ttft, call.prompt, call.completion)
+        if not self.usage.enabled:
+            return  # no usage log and no control plane: building the record would be waste
         self.usage.record(UsageRecord(
             request_id=call.rid, model=call.model, upstream_model=call.target, replica=call.replica,
             status=call.status, http_status=call.http_status, stream=call.stream,
@@ -431,7 +433,7 @@ class Proxy:
             ttft_ms=None if call.ttft is None else round(call.ttft * 1000, 3),
             duration_ms=round(duration * 1000, 3), finish_reason=call.finish,
             retries=call.retries, started_at=call.started_at,
-            route=NULL if call.route is None else msgspec.Raw(call.route.encode()),
+            route=NULL if call.route is None else msgspec.Raw(call.route),
             **_principal(call),
         ))
 

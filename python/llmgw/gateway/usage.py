@@ -14,6 +14,7 @@ settled by the control plane as `interrupted`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -54,13 +55,20 @@ class UsageSink:
         self.gateway_id = gateway_id
         self.max_pending = max_pending
         self.pending: list[UsageRecord] = []
-        self.opens: list[UsageOpen] = []
+        self.opens: dict[str, UsageOpen] = {}
+        """Request id -> its open, until sent. A request that ends first takes its open out
+        (its final says everything the open did): short requests cost one record, not two."""
         self.finals: list[UsageRecord] = []
         self.last_used: dict[str, float] = {}
         self.dropped = 0
         self.failures = 0
         self._task: asyncio.Task[None] | None = None
         self._encoder = msgspec.json.Encoder()
+
+    @property
+    def enabled(self) -> bool:
+        """Whether records go anywhere (a usage log or a control plane)."""
+        return self.path is not None or self.ship is not None
 
     def record(self, rec: UsageRecord) -> None:
         """Queues one finished request; never blocks, never awaits."""
@@ -71,6 +79,7 @@ class UsageSink:
                 self.dropped += 1
                 return
             self.finals.append(rec)
+            self.opens.pop(rec.request_id, None)
             if rec.key_id is not None:
                 self.last_used[rec.key_id] = rec.started_at
 
@@ -81,7 +90,7 @@ class UsageSink:
         if len(self.finals) + len(self.opens) >= self.max_pending:
             self.dropped += 1
             return
-        self.opens.append(rec)
+        self.opens[rec.request_id] = rec
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Starts the periodic flush."""
@@ -121,15 +130,6 @@ class UsageSink:
             log.error("usage: %d records dropped: the control plane has not taken any for a while and %d "
                       "are waiting (usage_max_pending)", self.dropped, self.max_pending)
             self.dropped = 0
-        if self.opens and self.finals:
-            # An open is there for a request that may still be running if this worker
-            # dies; one that already ended goes with its final, so its open is dropped
-            # before it is ever sent. Short requests then cost one record, not two: the
-            # control plane's share of the CPU halves under load. Only opens not sent yet
-            # (forwarded since the last post) can be dropped: those sent earlier stay
-            # in the store until the final replaces them.
-            ended = {f.request_id for f in self.finals}
-            self.opens = [o for o in self.opens if o.request_id not in ended]
         while self.opens or self.finals or self.last_used:
             n_open = min(len(self.opens), MAX_BATCH_RECORDS)
             n_final = min(len(self.finals), MAX_BATCH_RECORDS - n_open)
@@ -165,7 +165,8 @@ class UsageSink:
                 log.warning("usage: the control plane takes records again after %d failures", self.failures)
                 self.failures = 0
             # Sent (or refused for good): records queued meanwhile were appended after these.
-            del self.opens[:n_open]
+            for rid in list(itertools.islice(self.opens, n_open)):
+                del self.opens[rid]
             del self.finals[:n_final]
             for k, t in last_used.items():
                 if self.last_used.get(k) == t:
@@ -173,7 +174,7 @@ class UsageSink:
         return True
 
     def _batch(self, n_open: int, n_final: int, last_used: dict[str, float]) -> bytes:
-        return self._encoder.encode(UsageBatch(gateway_id=self.gateway_id, opens=self.opens[:n_open],
+        return self._encoder.encode(UsageBatch(gateway_id=self.gateway_id, opens=list(itertools.islice(self.opens.values(), n_open)),
                                                finals=self.finals[:n_final], key_last_used=last_used))
 
     async def close(self) -> None:
