@@ -106,3 +106,13 @@ def safe_url(url: str) -> str:
     cred, _, host = rest.rpartition("@")
     user, colon, _ = cred.partition(":")
     return f"{scheme}://{user}{':****' if colon else ''}@{host}"
+
+
+async def update_row(tx: Database, table: str, row_id: str, sets: dict[str, Any]) -> None:
+    """UPDATE table SET col = $n, ... WHERE id = $1 for the given columns; nothing when empty.
+
+    Table and column names come from code, never from callers' input; values are parameters."""
+    if not sets:
+        return
+    cols = ", ".join(f"{col} = ${i}" for i, col in enumerate(sets, start=2))
+    await tx.execute(f"UPDATE {table} SET {cols} WHERE id = $1", row_id, *sets.values())

@@ -19,7 +19,7 @@ from llmgw.secrets import key_hash, key_prefix, new_api_key
 from llmgw.wire import Limits
 
 from . import audit
-from .db import Database, Row
+from .db import Database, Row, update_row
 from .errors import Forbidden, Invalid, NotFound, shown
 from .names import check_name, is_id, new_id
 from .snapshot import bump
@@ -139,9 +139,7 @@ async def update_key(db: Database, actor: str, key_id: str, *, name: str | Unset
             sets["name"] = check_name(name, "key")
         if not isinstance(limits, UnsetType):
             sets["limits"] = limits_json(limits)
-        if sets:
-            cols = ", ".join(f"{c} = ${i}" for i, c in enumerate(sets, start=2))
-            await tx.execute(f"UPDATE api_keys SET {cols} WHERE id = $1", before.id, *sets.values())
+        await update_row(tx, "api_keys", before.id, sets)
         after = await get_key(tx, before.id)
         if after != before:
             if after.limits != before.limits:

@@ -15,7 +15,7 @@ from msgspec import UNSET, UnsetType
 from llmgw.wire import Limits
 
 from . import audit
-from .db import Conflict, Database, Row
+from .db import Conflict, Database, Row, update_row
 from .errors import Invalid, NotFound, Taken, shown
 from .names import check_name, is_id, new_id, split_path
 from .snapshot import bump
@@ -151,21 +151,13 @@ async def update_org(db: Database, actor: str, ref: str, *, name: str | UnsetTyp
         if not isinstance(limits, UnsetType):
             sets["limits"] = limits_json(limits)
         try:
-            await _update(tx, "orgs", before.id, sets)
+            await update_row(tx, "orgs", before.id, sets)
         except Conflict as e:
             raise _taken("an organization", str(name), "pick another name") from e
         after = await get_org(tx, before.id)
         if after != before:
             await audit.record(tx, actor, "org.update", f"org:{after.name}", before, after)
     return after
-
-
-async def _update(tx: Database, table: str, row_id: str, sets: dict[str, Any]) -> None:
-    """UPDATE table SET col = $n ... for the given columns (names come from code, not callers)."""
-    if not sets:
-        return
-    cols = ", ".join(f"{col} = ${i}" for i, col in enumerate(sets, start=2))
-    await tx.execute(f"UPDATE {table} SET {cols} WHERE id = $1", row_id, *sets.values())
 
 
 async def delete_org(db: Database, actor: str, ref: str) -> OrgView:
@@ -234,7 +226,7 @@ async def update_team(db: Database, actor: str, ref: str, *, name: str | UnsetTy
         if not isinstance(limits, UnsetType):
             sets["limits"] = limits_json(limits)
         try:
-            await _update(tx, "teams", before.id, sets)
+            await update_row(tx, "teams", before.id, sets)
         except Conflict as e:
             raise _sibling("organization", parent, "team", sets.get("name", before.name)) from e
         after = await get_team(tx, before.id)
@@ -316,7 +308,7 @@ async def update_project(db: Database, actor: str, ref: str, *, name: str | Unse
         if not isinstance(max_key_ttl, UnsetType):
             sets["max_key_ttl"] = _ttl(max_key_ttl)
         try:
-            await _update(tx, "projects", before.id, sets)
+            await update_row(tx, "projects", before.id, sets)
         except Conflict as e:
             raise _sibling("team", parent, "project", sets.get("name", before.name)) from e
         after = await get_project(tx, before.id)

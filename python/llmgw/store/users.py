@@ -14,7 +14,7 @@ from typing import Any
 from msgspec import UNSET, UnsetType
 
 from . import audit
-from .db import Conflict, Database, Row
+from .db import Conflict, Database, Row, update_row
 from .errors import Invalid, NotFound, Taken, shown
 from .names import check_name, is_id, new_id, parse_scope
 from .tenancy import get_org, get_project, get_team
@@ -99,9 +99,8 @@ async def update_user(db: Database, actor: str, ref: str, *, name: str | UnsetTy
         if not isinstance(email, UnsetType):
             sets["email"] = _email(email)
         if sets:
-            cols = ", ".join(f"{c} = ${i}" for i, c in enumerate(sets, start=2))
             try:
-                await tx.execute(f"UPDATE users SET {cols} WHERE id = $1", before.id, *sets.values())
+                await update_row(tx, "users", before.id, sets)
             except Conflict as e:
                 raise Taken("tenancy.name_taken", f"a user named {shown(str(name))} already "
                             "exists; pick another name", "name") from e
