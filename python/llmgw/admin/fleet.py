@@ -222,7 +222,7 @@ def model_view(fleet: Any, m: Model, cls: type[ModelView] = ModelView, **extra: 
     mine = [r for r in fleet.replicas.values() if r.model == m.name]
     count = {s: sum(1 for r in mine if r.state == s) for s in ("ready", "pending", "starting",
                                                               "parked")}
-    wanted = m.clamp(fleet.scale.get(m.name, m.min_replicas))
+    wanted = fleet.wanted_of(m)
     unplaced = fleet.unplaced.get(m.name, 0)
     reasons = [f"replica {r.id} is parked: {r.reason}" for r in mine if r.state == "parked"]
     if unplaced:
@@ -346,7 +346,7 @@ async def explain_placement(req: Request) -> ExplainView:
     m = fleet.model(req.query["model"])
     placed = sum(1 for r in fleet.replicas.values()
                  if r.model == m.name and r.state in LIVE)
-    return ExplainView(model=m.name, wanted=m.clamp(fleet.scale.get(m.name, m.min_replicas)),
+    return ExplainView(model=m.name, wanted=fleet.wanted_of(m),
                        placed=placed, nodes=fleet.explain(m.name))
 
 

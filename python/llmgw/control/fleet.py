@@ -247,6 +247,11 @@ class Fleet:
         """The desired state: every catalog model and how many replicas of it."""
         return reconciler.wanted(self.catalog, self.scale, self.awake)
 
+    def wanted_of(self, m: Model) -> int:
+        """How many replicas of `m` the reconciler aims for now (scale, min..max, woken)."""
+        [want] = reconciler.wanted([m], self.scale, self.awake)
+        return want.replicas
+
     def wake_model(self, name: str) -> int:
         """Scale from zero: a gateway holds requests for a model with no ready replica, so it
         wants at least one (if it scales from zero). Returns the replicas it now wants.
@@ -261,8 +266,7 @@ class Fleet:
                           f"{m.name} 1`", "model")
         self.awake.add(m.name)
         self.wake()
-        [want] = reconciler.wanted([m], self.scale, self.awake)
-        return want.replicas
+        return self.wanted_of(m)
 
     def observed(self) -> Observed:
         """The observed state now."""
