@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -36,9 +37,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--advertise-address", default="", help="host gateways use for this node's engines")
     add("--insecure", action="store_true",
         help="plaintext to a control plane on loopback (never over a network)")  # fmt: skip
-    add("--join-token", default=None, metavar="TOKEN",
-        help="join the cluster with a token from `llmgw ctl nodes join-token`: the node gets its "
-             "certificate, kept in --state-dir (joins again only for a new token)")  # fmt: skip
+    add("--join-token", default=os.environ.get("LLMGW_JOIN_TOKEN") or None, metavar="TOKEN",
+        help="join the cluster with a token from `llmgw ctl nodes join-token` (or $LLMGW_JOIN_TOKEN, "
+             "kept out of `ps`): the node gets its certificate, kept in --state-dir (joins again "
+             "only for a new token)")  # fmt: skip
     add("--join-port", type=int, default=None, metavar="PORT",
         help="the control plane's join port (default: the --control-plane port + 1)")
     add("--state-dir", type=Path, default=None, metavar="DIR",

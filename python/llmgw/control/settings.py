@@ -85,6 +85,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise ValueError(f"heartbeat_interval ({self.heartbeat_interval:g} s) must be shorter "
                              f"than unreachable_after ({self.unreachable_after:g} s), or every "
                              "node would be unreachable between two heartbeats")
+        if not self.agent_insecure and self.join_port in (self.agent_port, 65536):
+            raise ValueError(f"agent_join_port ({self.join_port}) must be a port (1-65535) other "
+                             f"than agent_port ({self.agent_port}): it serves TLS without client "
+                             "certificates, the agent port requires them")
         if self.agent_insecure and not is_loopback(self.agent_host):
             raise ValueError(f"agent_insecure (plaintext) is allowed only on a loopback "
                              f"agent_host, and {self.agent_host} is not; agents on other "
