@@ -149,7 +149,7 @@ def test_spent_expired_and_wrong_tokens_are_refused(cluster: Cluster) -> None:
     forged = f"{prefix}.{tid}.{'x' * 32}.{ca}"
     assert "the join token is not one this cluster issued" in refusal(forged, "a4")
 
-    other = pki.init(cluster.tmp / "other-ca", [])
+    other, _ = pki.init(cluster.tmp / "other-ca", [])
     msg = refusal(f"{prefix}.{tid}.{_secret}.{other}", "a5")
     assert "does not present the CA the join token names" in msg
     # Neither refusal spent the good token.
@@ -235,6 +235,17 @@ def test_server_init_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     forced = llmgw("server", "init", "--data-dir", str(data), "--force")
     assert forced.returncode == 0, forced.stderr
     assert (data / pki.CA_CERT).read_bytes() != ca
+    # A second control plane: only the CA copied over; init makes its own certificate.
+    standby = tmp_path / "standby"
+    standby.mkdir(mode=0o700)
+    for name in (pki.CA_CERT, pki.CA_KEY):
+        (standby / name).write_bytes((data / name).read_bytes())
+    second = llmgw("server", "init", "--data-dir", str(standby), "--san", "standby.example")
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.startswith(f"used the cluster CA already in {standby} and made")
+    assert (standby / pki.CA_CERT).read_bytes() == (data / pki.CA_CERT).read_bytes()
+    leaf = x509.load_pem_x509_certificate((standby / pki.SERVER_CERT).read_bytes())
+    leaf.verify_directly_issued_by(x509.load_pem_x509_certificate((data / pki.CA_CERT).read_bytes()))
 
 
 def _key_and_csr() -> tuple[bytes, bytes]:

@@ -105,15 +105,7 @@ def existing(data_dir: Path) -> list[str]:
     return [n for n in FILES if (data_dir / n).exists()]
 
 
-def init(data_dir: Path, sans: list[str], force: bool = False) -> str:
-    """Creates the CA and the agent port's certificate in `data_dir`; returns the CA's
-    fingerprint. Refuses (PkiError) when any of the files exists, unless `force`."""
-    found = existing(data_dir)
-    if found and not force:
-        raise PkiError(f"{data_dir} already holds {', '.join(found)}; the cluster CA exists. "
-                       "Keep it (agents that joined trust it), or pass --force to make a new CA, "
-                       "after which every node must join again")
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+def _new_ca() -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "llmgw cluster CA")])
     now = _now()
@@ -130,15 +122,44 @@ def init(data_dir: Path, sans: list[str], force: bool = False) -> str:
                .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
                               critical=False)
                .sign(ca_key, hashes.SHA256()))
+    return ca_cert, ca_key
+
+
+def _load_ca(data_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate((data_dir / CA_CERT).read_bytes())
+    key = serialization.load_pem_private_key((data_dir / CA_KEY).read_bytes(), None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise PkiError(f"{data_dir / CA_KEY} is not an EC private key made by `llmgw server init`")
+    return cert, key
+
+
+def init(data_dir: Path, sans: list[str], force: bool = False) -> tuple[str, bool]:
+    """Creates the CA and the agent port's certificate in `data_dir`; returns the CA's
+    fingerprint and whether an existing CA was used.
+
+    A data dir holding only `ca.crt` and `ca.key` (copied from the first control plane,
+    for a second one on the same PostgreSQL) gets just its own server certificate from
+    that CA, so agents that joined through either trust both. Anything else already
+    there is refused (PkiError), unless `force`, which makes a new CA.
+    """
+    found = existing(data_dir)
+    reuse = not force and set(found) == {CA_CERT, CA_KEY}
+    if found and not force and not reuse:
+        raise PkiError(f"{data_dir} already holds {', '.join(found)}; the cluster CA exists. "
+                       "Keep it (agents that joined trust it), or pass --force to make a new CA, "
+                       "after which every node must join again")
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ca_cert, ca_key = _load_ca(data_dir) if reuse else _new_ca()
     server_key = ec.generate_private_key(ec.SECP256R1())
     hosts = list(dict.fromkeys([*sans, *ALWAYS_SANS]))
     server = _sign("llmgw control plane", server_key.public_key(), ca_cert, ca_key, SERVER_DAYS,
                    ExtendedKeyUsageOID.SERVER_AUTH, [_san(h) for h in hosts])
-    _write(data_dir / CA_KEY, _key_pem(ca_key), 0o600, force)
-    _write(data_dir / CA_CERT, _pem(ca_cert), 0o644, force)
+    if not reuse:
+        _write(data_dir / CA_KEY, _key_pem(ca_key), 0o600, force)
+        _write(data_dir / CA_CERT, _pem(ca_cert), 0o644, force)
     _write(data_dir / SERVER_KEY, _key_pem(server_key), 0o600, force)
     _write(data_dir / SERVER_CERT, _pem(server) + _pem(ca_cert), 0o644, force)
-    return fingerprint(_pem(ca_cert))
+    return fingerprint(_pem(ca_cert)), reuse
 
 
 class Authority:
@@ -153,11 +174,7 @@ class Authority:
                            "dial), or set control_plane.agent_insecure: true for agents on "
                            "this machine only")
         self.ca_pem = (data_dir / CA_CERT).read_bytes()
-        self.ca_cert = x509.load_pem_x509_certificate(self.ca_pem)
-        key = serialization.load_pem_private_key((data_dir / CA_KEY).read_bytes(), None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise PkiError(f"{data_dir / CA_KEY} is not an EC private key made by `llmgw server init`")
-        self.ca_key = key
+        self.ca_cert, self.ca_key = _load_ca(data_dir)
         self.server_cert_pem = (data_dir / SERVER_CERT).read_bytes()
         self.server_key_pem = (data_dir / SERVER_KEY).read_bytes()
         self.fingerprint = fingerprint(self.ca_pem)
