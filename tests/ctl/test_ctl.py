@@ -206,3 +206,29 @@ SCOPE    REQUESTS  ERRORS  PROMPT  COMPLETION  TOTAL
 acme/ml  5         1       10      20          30
 """, ""))
     assert fake.seen[-1][1] == "/api/v1/usage?since=24h"
+
+
+def test_nodes_join_token_prints_the_token_once(fake: type[_Fake],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    token = "llmgw-join.0123456789ab." + "s" * 32 + "." + "c" * 64
+    fake.answers[("POST", "/api/v1/join-tokens")] = _json(201, {
+        "id": "0123456789ab", "token": token, "expires_at": 1790001800.0, "ca_sha256": "c" * 64})
+    code, out, err = ctl(capsys, "nodes", "join-token", "--ttl", "30m")
+    assert (code, out) == (0, token + "\n")
+    assert err == snapshot("""\
+id:         0123456789ab
+expires_at: 2026-09-21T14:43:20Z
+ca_sha256:  cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
+This token will not be shown again. On the new node run: llmgw agent --join-token TOKEN --control-plane HOST:AGENT_PORT
+""")
+    assert json.loads(fake.seen[-1][2]) == {"ttl": "30m"}
+
+
+def test_join_token_without_a_ca_says_to_run_server_init(
+        server: Server, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_SERVER", server.url)
+    monkeypatch.setenv("LLMGW_ADMIN_TOKEN", server.admin_token)
+    code, out, err = ctl(capsys, "nodes", "join-token")
+    assert (code, out) == (1, "")
+    assert err.replace(str(server.data_dir), "DATA") == snapshot('error: DATA has no ca.crt, ca.key, agent-server.crt, agent-server.key: the agent port serves mutual TLS and needs the cluster CA; run `llmgw server init --data-dir DATA --san HOST` (HOST: the name or IP agents dial), or set control_plane.agent_insecure: true for agents on this machine only [join.no_ca]\n')

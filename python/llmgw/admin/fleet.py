@@ -390,7 +390,9 @@ ROUTES: list[Route] = [
           "replicas again."),
     Route("DELETE", "/api/v1/nodes/{id}", "Remove a node", remove_node, response=NodeView,
           description="Only a lost node or one without replicas; 409 nodes.not_empty otherwise. "
-          "An agent still running registers it again."),
+          "Its certificates are revoked: over mutual TLS its agent is refused until it joins "
+          "again with a new token; in plaintext (agent_insecure) an agent still running "
+          "registers it again."),
     Route("GET", "/api/v1/nodes/{id}/logs", "Engine logs from a node", node_logs,
           query=(Param("lines", "the last N lines of each engine (default 100; 0: all kept)",
                        "integer"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from llmgw.store.tenancy import scope_paths
 
-from . import audit, fleet, internal, keys, meta, requests, tenancy, usage
+from . import audit, fleet, internal, joins, keys, meta, requests, tenancy, usage
 from .route import Route
 
 ROUTES: list[Route] = [
@@ -20,5 +20,6 @@ ROUTES: list[Route] = [
     *usage.routes(names=scope_paths),
     *requests.routes(names=scope_paths),
     *fleet.ROUTES,
+    *joins.ROUTES,
     *internal.ROUTES,
 ]

@@ -46,6 +46,15 @@ def _prepare(args: argparse.Namespace) -> str:
     settings = load_settings(args.config)
     models = load_models(args.config)
     datadir.prepare(data_dir)
+    if not settings.agent_insecure:
+        from llmgw.control.pki import Authority, PkiError
+
+        try:
+            Authority(data_dir)
+        except PkiError as e:
+            # A warning, not a refusal: the admin API and the gateways' control work
+            # without agents, and the agent port opens at the next start after init.
+            print(f"warning: the agent port stays closed: {e}", file=sys.stderr)
     store = args.store or f"sqlite:///{data_dir / 'llmgw.db'}"
 
     async def migrate_once() -> None:

@@ -31,6 +31,7 @@ from llmgw.control import placement, reconciler
 from llmgw.control.catalog import Catalog, CatalogError, Model, Profile
 from llmgw.control.inventory import LIVE, AdminState, Gpu, Node, Observed, Replica, ReplicaState
 from llmgw.control.settings import Settings
+from llmgw.secrets import JOIN_HASH_LABEL, derive
 from llmgw.store import Database
 from llmgw.store import fleet as rows
 from llmgw.store.errors import Invalid, NotFound, Taken, shown
@@ -716,7 +717,8 @@ async def attach(cp: Any) -> None:
             raise api_error(e) from e
 
     cp.wake = wake  # POST /internal/v1/wake
-    server = await agents.serve(fleet, cp.settings)
+    server = await agents.serve(fleet, cp.settings, cp.data_dir,
+                                derive(cp.secret, JOIN_HASH_LABEL))
     cp.spawn(fleet.run(), "fleet")
     if server is not None:
         async def stop() -> None:

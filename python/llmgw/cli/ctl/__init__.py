@@ -241,6 +241,13 @@ def _show(cmd: Command, args: argparse.Namespace, answer: Answer) -> int:
         view = {k: v for k, v in data.items() if k != "key"}
         print(block(view, cmd.columns), file=sys.stderr)
         print("This key will not be shown again: store it now.", file=sys.stderr)
+    elif cmd.output == "token":
+        # The token alone on stdout (TOKEN=$(llmgw ctl nodes join-token) works).
+        print(data["token"])
+        view = {k: v for k, v in data.items() if k != "token"}
+        print(block(view, cmd.columns), file=sys.stderr)
+        print("This token will not be shown again. On the new node run: llmgw agent "
+              "--join-token TOKEN --control-plane HOST:AGENT_PORT", file=sys.stderr)
     elif cmd.output == "done":
         values = {a.field: getattr(args, _dest(a)) for a in cmd.args}
         print(cmd.done.format(**values))
