@@ -5,6 +5,7 @@ started after the gateway learned of the loss (the replica left its routing tabl
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import threading
@@ -12,9 +13,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 from tests.e2e.conftest import GATEWAY_READY
-from tests.fleet.conftest import Fleet, wait_for
+from tests.fleet.conftest import SIM_MODEL, Fleet, wait_for
+from tests.gateway.conftest import metric_value
+from tests.gateway.test_routing import SYSTEM, TOKENIZER
 from tests.procs import Proc, free_port, start_process
 from tests.sim.util import sim_env
 
@@ -33,10 +37,14 @@ def _issue_key(f: Fleet) -> str:
     return key
 
 
-def _gateway(f: Fleet) -> Proc:
-    return start_process([sys.executable, "-m", "llmgw", "gateway", "--port", str(free_port()),
-                          "--control-plane", f.server.url, "--data-dir", str(f.server.data_dir)],
-                         GATEWAY_READY, timeout=30, env=sim_env())
+def _gateway(f: Fleet, config: dict[str, Any] | None = None) -> Proc:
+    args = [sys.executable, "-m", "llmgw", "gateway", "--port", str(free_port()),
+            "--control-plane", f.server.url, "--data-dir", str(f.server.data_dir)]
+    if config is not None:
+        path = f.tmp / "gateway.yaml"
+        path.write_text(json.dumps({"gateway": config}))
+        args += ["--config", str(path)]
+    return start_process(args, GATEWAY_READY, timeout=30, env=sim_env())
 
 
 def _routed(gateway: Proc) -> set[str]:
@@ -96,7 +104,9 @@ def test_no_request_fails_after_the_gateway_learned_a_node_was_lost(
     try:
         wait_for("the gateway routes to both replicas",
                  lambda: _routed(gateway) == {r["id"] for r in ready})
-        load = Load(gateway.url, _issue_key(f))
+        key = _issue_key(f)
+        wait_for("the key known to the gateway", lambda: _chat(gateway.url, key, None) == 404)
+        load = Load(gateway.url, key)
         wait_for("requests flowing", lambda: len(load.done) >= 20)
 
         f.kill_node("n1")
@@ -125,3 +135,55 @@ def test_no_request_fails_after_the_gateway_learned_a_node_was_lost(
           f"{len(failed_before)} failed before")
     assert len(after) >= 20, "too few requests after the gateway learned to show anything"
     assert failed_after == [], failed_after[:5]
+
+
+def test_kv_events_of_placed_engines_reach_the_gateway_and_route_a_shared_prefix(
+        fleet_factory: Callable[..., Fleet]) -> None:
+    # The agents start the simulator engines with KV-event publishing on two ports of their
+    # range; the snapshot carries the endpoints; the gateway subscribes and routes by them.
+    model = {**SIM_MODEL, "profiles": [{**SIM_MODEL["profiles"][0],  # type: ignore[index]
+                                        "args": ["--tokenizer", TOKENIZER]}]}
+    f = fleet_factory([model], placement_settle=6)
+    f.start_agents("n1", "n2")
+    snap = wait_for("two replicas in the snapshot with KV endpoints", lambda: (
+        s := f.snapshot()) and len(s["replicas"]) == 2
+        and all(r["kv_events"] and r["kv_replay"] for r in s["replicas"]) and s)
+    for r in snap["replicas"]:
+        assert r["kv_events"].startswith("tcp://127.0.0.1:")
+    gateway = _gateway(f, {"routing": {"sim-model": {"policy": "kv", "tokenizer": TOKENIZER}}})
+    try:
+        wait_for("the gateway routes to both replicas", lambda: len(_routed(gateway)) == 2)
+        key = _issue_key(f)
+        # A new key reaches the gateway with the next snapshot, within a second or so.
+        wait_for("the key known to the gateway", lambda: _chat(gateway.url, key, None) == 404)
+        turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "first"}]
+        assert _chat(gateway.url, key, turn1) == 200
+        wait_for("the first request's blocks in the gateway's KV index",
+                 lambda: _metric(gateway, "llmgw_kv_index_blocks") > 0, timeout=10)
+        turn2 = [*turn1, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+        assert _chat(gateway.url, key, turn2) == 200
+        hits = _metric(gateway, "llmgw_routing_decisions_total", model="sim-model", policy="kv",
+                       kind="cache_hit")
+    finally:
+        gateway.terminate()
+    assert hits == 1
+
+
+def _metric(gateway: Proc, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(f"{gateway.url}/metrics", timeout=5) as resp:
+        return metric_value(resp.read().decode(), name, **labels)
+
+
+def _chat(url: str, key: str, messages: list[dict[str, str]] | None) -> int:
+    """A chat completion's status; with no messages, one for a model nobody serves (404 once
+    the key is known, 401 before)."""
+    model, msgs = ("sim-model", messages) if messages else ("no-such-model", [])
+    body = json.dumps({"model": model, "messages": msgs, "max_tokens": 2}).encode()
+    req = urllib.request.Request(f"{url}/v1/chat/completions", body, {
+        "content-type": "application/json", "authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=15) as resp:
+            resp.read()
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)

@@ -47,6 +47,11 @@ class LaunchRequest(msgspec.Struct, frozen=True, kw_only=True):
     engine_key: str = ""
     source: str = ""
     """Weights: a path or a repository id; empty means `model`."""
+    kv_events_port: int = 0
+    """Where the engine publishes KV-cache events (ZMQ PUB); 0: none. Set by the supervisor
+    for the engines in `KV_EVENTS`."""
+    kv_replay_port: int = 0
+    """Where it answers replay requests for missed event batches (ZMQ ROUTER)."""
 
     def __repr__(self) -> str:  # the key must not reach a log through a repr
         return f"LaunchRequest(replica_id={self.replica_id!r}, model={self.model!r}, engine={self.engine!r}, port={self.port})"
@@ -94,13 +99,30 @@ def _tp(req: LaunchRequest, flag: str) -> list[str]:
     return [flag, str(n)] if n > 1 and not any(a.startswith(flag) for a in req.args) else []
 
 
+def _zmq(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "", "::"):
+        return f"tcp://*:{port}"
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def _vllm_kv_events(req: LaunchRequest) -> list[str]:
+    """vLLM's KV-event publisher on the replica's two KV ports, unless the profile configures
+    one itself."""
+    if not req.kv_events_port or any(a.startswith("--kv-events-config") for a in req.args):
+        return []
+    config = {"enable_kv_cache_events": True, "publisher": "zmq",
+              "endpoint": _zmq(req.host, req.kv_events_port),
+              "replay_endpoint": _zmq(req.host, req.kv_replay_port), "topic": "kv-events"}
+    return ["--kv-events-config", msgspec.json.encode(config).decode()]
+
+
 def _vllm(req: LaunchRequest) -> Launch:
     env = _base_env(req)
     if req.engine_key:
         env["VLLM_API_KEY"] = req.engine_key  # vLLM reads it like --api-key
     argv = ["vllm", "serve", req.source or req.model, "--served-model-name", req.model,
             "--host", req.host, "--port", str(req.port), *_tp(req, "--tensor-parallel-size"),
-            *req.args]  # fmt: skip
+            *_vllm_kv_events(req), *req.args]  # fmt: skip
     return Launch(argv=argv, env=env, probe_url=f"http://{_probe_host(req.host)}:{req.port}/health")
 
 
@@ -132,7 +154,11 @@ def _sim(req: LaunchRequest) -> Launch:
     if req.engine_key:
         env["VLLM_API_KEY"] = req.engine_key
     argv = [sys.executable, "-m", "llmgw.sim", "--host", req.host, "--port", str(req.port),
-            "--model", req.model, *req.args]  # fmt: skip
+            "--model", req.model]  # fmt: skip
+    if req.kv_events_port and not any(a.startswith("--kv-events-endpoint") for a in req.args):
+        argv += ["--kv-events-endpoint", _zmq(req.host, req.kv_events_port),
+                 "--kv-replay-endpoint", _zmq(req.host, req.kv_replay_port)]
+    argv += req.args
     return Launch(argv=argv, env=env, probe_url=f"http://{_probe_host(req.host)}:{req.port}/health")
 
 
@@ -143,6 +169,10 @@ ENGINES: dict[str, tuple[Callable[[LaunchRequest], Launch], str]] = {
     "llamacpp": (_llamacpp, "llama-cpp-python"),
     "sim": (_sim, "llmgw"),
 }
+
+
+KV_EVENTS = frozenset({"vllm", "sim"})
+"""Engines that publish KV-cache events in vLLM's wire format when given two ports."""
 
 
 def build_launch(req: LaunchRequest) -> Launch:

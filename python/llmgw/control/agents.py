@@ -59,7 +59,8 @@ _CLOSE: Any = object()
 def status(s: pb.ReplicaStatus) -> Status:
     """The fleet's form of one replica status (an unknown state reads as pending)."""
     return Status(replica_id=s.replica_id, model=s.model, state=STATES.get(s.state, "pending"),
-                  port=s.port, pid=s.engine_pid, restarts=s.restarts, reason=s.reason)
+                  port=s.port, pid=s.engine_pid, restarts=s.restarts, reason=s.reason,
+                  kv_events_port=s.kv_events_port, kv_replay_port=s.kv_replay_port)
 
 
 def peer_host(peer: str) -> str:

@@ -75,6 +75,8 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     pid: int = 0
     restarts: int = 0
     reason: str = ""
+    kv_events_port: int = 0
+    kv_replay_port: int = 0
 
 
 class Registration(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,6 +155,8 @@ class Fleet:
         self.replicas: dict[str, Replica] = {}
         self.updated_at: dict[str, float] = {}
         self.pids: dict[str, int] = {}
+        self.kv_ports: dict[str, tuple[int, int]] = {}
+        """Replica -> its engine's KV-event and replay ports, as its agent reported them."""
         self.links: dict[str, AgentLink] = {}
         self.published: tuple[str, ...] = ()
         self.unplaced: dict[str, int] = {}
@@ -356,6 +360,7 @@ class Fleet:
         self.updated_at[rid] = now
         if new.state == "stopped":
             self.pids.pop(rid, None)
+            self.kv_ports.pop(rid, None)
         await rows.update_replica(self.db, rid, state=new.state, port=new.port,
                                   restarts=new.restarts, reason=new.reason, now=now)
 
@@ -393,19 +398,25 @@ class Fleet:
             url = self.url(r) if r is not None else None
             if r is None or url is None:
                 continue
-            out.append(ReplicaEntry(id=rid, model=r.model, url=url, engine_key=self.engine_key))
+            events, replay = self.kv_ports.get(rid, (0, 0))
+            out.append(ReplicaEntry(
+                id=rid, model=r.model, url=url, engine_key=self.engine_key,
+                kv_events=f"tcp://{self._host(r)}:{events}" if events else None,
+                kv_replay=f"tcp://{self._host(r)}:{replay}" if replay else None))
         snap.replicas = out
         return snap
+
+    def _host(self, r: Replica) -> str:
+        """The address gateways reach the replica's node at (bracketed when IPv6)."""
+        facts = self.facts.get(r.node)
+        host = (facts.address if facts else "") or "127.0.0.1"
+        return f"[{host}]" if ":" in host else host
 
     def url(self, r: Replica) -> str | None:
         """http://HOST:PORT of a replica's engine, or None before it has a port."""
         if r.port is None:
             return None
-        facts = self.facts.get(r.node)
-        host = (facts.address if facts else "") or "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{r.port}"
+        return f"http://{self._host(r)}:{r.port}"
 
     # -- agents ------------------------------------------------------------------------
 
@@ -492,6 +503,8 @@ class Fleet:
             return False
         if s.pid:
             self.pids[s.replica_id] = s.pid
+        if s.kv_events_port:
+            self.kv_ports[s.replica_id] = (s.kv_events_port, s.kv_replay_port)
         if r.state == "draining":
             # We asked it to stop: anything but "stopped" is from before the command.
             if s.state != "stopped":
@@ -564,6 +577,7 @@ class Fleet:
                 del self.replicas[rid]
                 self.updated_at.pop(rid, None)
                 self.pids.pop(rid, None)
+                self.kv_ports.pop(rid, None)
             self.nodes.pop(node_id, None)
             self.facts.pop(node_id, None)
             link = self.links.pop(node_id, None)
