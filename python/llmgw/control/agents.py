@@ -123,15 +123,34 @@ class Link:
 
 
 class AgentService(AgentServiceServicer):
-    """The `Connect` stream of every agent, feeding one `Fleet`."""
+    """The `Connect` stream of every agent, feeding the leader's `Fleet` (`cp.fleet`).
 
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
+    The port is open for the whole process, leader or not: a standby answers a stream
+    with FAILED_PRECONDITION and `leader=HOST:PORT` in the details, the form
+    `llmgw.agent.client` reads to go to the leader at once; with no leader known it
+    answers UNAVAILABLE, and the agent backs off and tries its next control plane.
+    """
+
+    def __init__(self, cp: Any) -> None:
+        self.cp = cp
 
     async def Connect(self, request_iterator: AsyncIterator[pb.AgentMessage],
                       context: grpc.aio.ServicerContext[pb.AgentMessage, pb.ControlMessage],
                       ) -> AsyncIterator[pb.ControlMessage]:
         """One agent's stream: Register first, then its reports; commands go back."""
+        fleet: Fleet | None = self.cp.fleet
+        leadership = self.cp.leadership
+        if fleet is None or leadership is None or not leadership.is_leader:
+            other = leadership.other_leader() if leadership is not None else None
+            if other is not None:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    "this control plane is a standby and takes no agents; "
+                                    f"leader={other.agent_address}")
+            else:
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    "this control plane is a standby and no leader is known "
+                                    "yet; try again shortly")
+            return
         it = aiter(request_iterator)
         try:
             first = await anext(it)
@@ -143,9 +162,9 @@ class AgentService(AgentServiceServicer):
             return
         reg = registration(first.register, context.peer())
         link = Link(reg.node_id)
-        link.send(settings=agent_settings(self.fleet.settings))
-        await self.fleet.register(reg, link)
-        reader = asyncio.create_task(self._read(it, link), name=f"agent {reg.node_id}")
+        link.send(settings=agent_settings(fleet.settings))
+        await fleet.register(reg, link)
+        reader = asyncio.create_task(self._read(fleet, it, link), name=f"agent {reg.node_id}")
         reader.add_done_callback(lambda _: link.close())
         try:
             while True:
@@ -155,21 +174,21 @@ class AgentService(AgentServiceServicer):
                 yield msg
         finally:
             reader.cancel()
-            self.fleet.disconnected(reg.node_id, link)
+            fleet.disconnected(reg.node_id, link)
 
-    async def _read(self, it: AsyncIterator[pb.AgentMessage], link: Link) -> None:
+    async def _read(self, fleet: Fleet, it: AsyncIterator[pb.AgentMessage], link: Link) -> None:
         node = link.node_id
         try:
             async for msg in it:
                 kind = msg.WhichOneof("msg")
                 if kind == "heartbeat":
                     hb = msg.heartbeat
-                    await self.fleet.report(node, link, [status(s) for s in hb.replicas], True,
+                    await fleet.report(node, link, [status(s) for s in hb.replicas], True,
                                             {g.uuid: g.memory_free_bytes for g in hb.gpus})
                 elif kind == "replica_status":
-                    await self.fleet.report(node, link, [status(msg.replica_status)], False)
+                    await fleet.report(node, link, [status(msg.replica_status)], False)
                 elif kind == "engine_logs":
-                    self.fleet.logs_arrived(msg.engine_logs.replica_id, list(msg.engine_logs.lines))
+                    fleet.logs_arrived(msg.engine_logs.replica_id, list(msg.engine_logs.lines))
                 # register again on one stream, kv_events: not used yet
         except grpc.aio.AioRpcError:
             pass  # the stream was cut; the agent reconnects
@@ -177,8 +196,8 @@ class AgentService(AgentServiceServicer):
             log.exception("the stream of node %s failed", node)
 
 
-async def serve(fleet: Fleet, settings: Settings) -> grpc.aio.Server | None:
-    """Starts the agent service, or says why it does not and returns None."""
+async def serve(cp: Any, settings: Settings) -> grpc.aio.Server | None:
+    """Starts the agent service for control plane `cp`, or says why it does not and returns None."""
     if not settings.agent_insecure:
         log.info("the agent port is closed: mutual TLS for agents is not built yet; set "
                     "control_plane.agent_insecure: true to take agents on this machine in "
@@ -189,7 +208,7 @@ async def serve(fleet: Fleet, settings: Settings) -> grpc.aio.Server | None:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
                                       ("grpc.keepalive_permit_without_calls", 1),
                                       ("grpc.http2.min_ping_interval_without_data_ms", 5000)])
-    add_AgentServiceServicer_to_server(AgentService(fleet), server)
+    add_AgentServiceServicer_to_server(AgentService(cp), server)
     address = f"{settings.agent_host}:{settings.agent_port}"
     try:
         server.add_insecure_port(address)
