@@ -76,8 +76,10 @@ def _lock_sqlite(store: str, data_dir: Path) -> IO[str] | None:
     (it would place every replica a second time). flock, not a pid file: the kernel
     drops it when the process dies, even by SIGKILL, so a crash never blocks a restart.
     """
-    path = store.removeprefix("sqlite://")
-    if not store.startswith("sqlite:") or path in ("", ":memory:", "/:memory:"):
+    from llmgw.store.sqlite import file_of
+
+    path = file_of(store) if store.startswith("sqlite:") else ""
+    if path in ("", ":memory:"):
         return None
     lock_path = Path(path + ".lock")
     try:
