@@ -9,7 +9,7 @@ with no lease.
 
 Fencing: the leader counts its lease from the moment it *sent* the statement
 that took or renewed it (the database set `now + ttl` no earlier than that),
-so its own deadline is never later than the store's. When it cannot renew
+less a `margin` to stop in, so its own deadline is before the store's. When it cannot renew
 before that deadline, because the store is slow, unreachable or says another
 holder has it, it steps down at once: `on_deposed` stops placing and closes
 every agent stream before a standby can take the lease. A stepped-down control
@@ -62,6 +62,12 @@ class Leadership:
         """monotonic() at which the lease last read expires (by the store's clock)."""
 
     @property
+    def margin(self) -> float:
+        """How long before its lease's end a leader that could not renew steps down: time to
+        cancel its tasks and close the agents' streams before a standby may take over."""
+        return min(1.0, self.ttl / 10)
+
+    @property
     def every(self) -> float:
         """Seconds between two attempts to take or renew the lease."""
         return self.ttl / 3
@@ -105,13 +111,13 @@ class Leadership:
             # Still the leader until the deadline: one slow or failed statement is no reason
             # to move every agent; the next attempt (or the deadline) decides.
             if self.is_leader:
-                log.warning("could not renew the leader lease: %s", e or "store too slow")
+                log.warning("could not renew the leader lease: %s", str(e) or "the store did not answer in time")
             else:
                 self.leader = None
             return
         if got is not None:
             self.leader = got
-            self._deadline = sent + self.ttl
+            self._deadline = sent + self.ttl - self.margin
             if not self.is_leader:
                 await self._elected()
             return
