@@ -9,6 +9,7 @@ agent address; and on SQLite a second server on the same store does not start.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -223,3 +224,19 @@ def get_leader(proc: Proc) -> Any:
     data_dir = Path(proc.args[proc.args.index("--data-dir") + 1])
     srv = Server(proc, proc.url, data_dir, (data_dir / "admin-token").read_text().strip())
     return get(srv, "/api/v1/leader")
+
+
+def test_a_leader_stopped_cleanly_hands_over_at_once(pair: Pair) -> None:
+    a = pair.server("a")
+    b = pair.server("b")
+    assert get(b, "/api/v1/leader")["role"] == "standby"
+    stopped = time.monotonic()
+    a.proc.popen.send_signal(signal.SIGTERM)
+    assert a.proc.popen.wait(15) == 0
+
+    def leads() -> bool:
+        return bool(get(b, "/api/v1/leader")["role"] == "leader")
+
+    wait_for("the standby leads", leads, timeout=TTL + TAKEOVER_SLACK)
+    # The lease was given up, not waited out: the standby's next try (every TTL/3) takes it.
+    assert time.monotonic() - stopped < TTL
