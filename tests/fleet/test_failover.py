@@ -164,6 +164,11 @@ def test_standby_forwards_refuses_agents_and_takes_over_without_restarts(pair: P
     # SIGKILL the leader (its process group: granian and its worker).
     killed = time.monotonic()
     a.proc.kill()
+    # Until the standby leads, the admin API answers 503 in the OpenAI shape, with a retry.
+    status, headers, doc = b.call("GET", "/api/v1/orgs")
+    assert status == 503 and headers["retry-after"] == "1", doc
+    assert doc["error"]["code"] in ("control_plane.leader_unreachable", "control_plane.no_leader")
+    assert doc["error"]["message"].startswith("this control plane is a standby and ")
 
     def leads() -> bool:
         return bool(get(b, "/api/v1/leader")["role"] == "leader")

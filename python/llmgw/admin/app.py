@@ -165,15 +165,18 @@ class AdminApp:
         leadership = self.control.leadership
         assert leadership is not None
         wait = f"a failover takes up to about {leadership.ttl * 4 / 3:.0f} s"
+        retry = [("retry-after", str(max(1, round(leadership.every))))]
         if scope.headers.get(FORWARDED):
-            raise ApiError(503, "control_plane.no_leader", "this control plane is a standby and "
-                           "the request was already forwarded to it by another standby, so no "
-                           f"leader is known to either; try again shortly ({wait})")
+            return Answer(503, error_json(
+                503, "control_plane.no_leader", "this control plane is a standby and the request "
+                "was already forwarded to it by another standby, so no leader is known to "
+                f"either; try again shortly ({wait})"), headers=retry)
         other = leadership.other_leader()
         if other is None:
-            raise ApiError(503, "control_plane.no_leader", "this control plane is a standby and "
-                           f"no leader is known right now; try again shortly ({wait}), or ask "
-                           "GET /api/v1/leader which control plane leads")
+            return Answer(503, error_json(
+                503, "control_plane.no_leader", "this control plane is a standby and no leader "
+                f"is known right now; try again shortly ({wait}), or ask GET /api/v1/leader "
+                "which control plane leads"), headers=retry)
         limit = MAX_INTERNAL_BODY
         declared = scope.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
@@ -189,9 +192,10 @@ class AdminApp:
         except ForwardError as e:
             log.warning("forwarding %s %s to the leader failed: %s", scope.method,
                         truncate(scope.path), e)
-            raise ApiError(503, "control_plane.leader_unreachable", "this control plane is a "
-                           f"standby and cannot reach the leader at {other.admin_url} ({e}); "
-                           f"try again shortly ({wait})") from None
+            return Answer(503, error_json(
+                503, "control_plane.leader_unreachable", "this control plane is a standby and "
+                f"cannot reach the leader at {other.admin_url} ({e}); try again shortly "
+                f"({wait})"), headers=retry)
         ctype = next((v for k, v in back if k == "content-type"), None)
         extra = [(k, v) for k, v in back if k not in ("content-type", "x-request-id")]
         if ctype is None and not data:

@@ -9,9 +9,9 @@ with no lease.
 
 Fencing: the leader counts its lease from the moment it *sent* the statement
 that took or renewed it (the database set `now + ttl` no earlier than that),
-less a `margin` to stop in, so its own deadline is before the store's. When it cannot renew
-before that deadline, because the store is slow, unreachable or says another
-holder has it, it steps down at once: `on_deposed` stops placing and closes
+less a `margin` to stop in, so its own deadline is before the store's. When it
+cannot renew before that deadline, because the store is slow, unreachable or
+says another holder has it, it steps down at once: `on_deposed` stops placing and closes
 every agent stream before a standby can take the lease. A stepped-down control
 plane is a standby and may be elected again later.
 
@@ -111,7 +111,8 @@ class Leadership:
             # Still the leader until the deadline: one slow or failed statement is no reason
             # to move every agent; the next attempt (or the deadline) decides.
             if self.is_leader:
-                log.warning("could not renew the leader lease: %s", str(e) or "the store did not answer in time")
+                log.warning("could not renew the leader lease: %s",
+                            str(e) or "the store did not answer in time")
             else:
                 self.leader = None
             return

@@ -129,7 +129,6 @@ class ControlPlane:
         admin_url = s.advertise_admin_url or f"http://{self.config.host}:{self.config.port}"
         self.leadership = Leadership(self._db, s.leader_lease_ttl, admin_url, agent_address,
                                      on_elected=self._attach, on_deposed=self._detach)
-        self._agent_server = await agents.serve(self, s)
         if self.leadership.single:
             await self.leadership.lead_alone()
         else:
@@ -137,7 +136,11 @@ class ControlPlane:
             # answers its first request as the leader, not with a standby's 503.
             await self.leadership.attempt()
             loop = asyncio.get_running_loop()
-            self._base.append(loop.create_task(self.leadership.run(), name="leader-lease"))
+            task = loop.create_task(self.leadership.run(), name="leader-lease")
+            task.add_done_callback(self._task_done)  # a crash is logged
+            self._base.append(task)
+        # After the first round, so that an agent's first stream finds the role decided.
+        self._agent_server = await agents.serve(self, s)
 
     async def _attach(self) -> None:
         for name in ATTACH:
