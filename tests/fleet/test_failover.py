@@ -152,6 +152,9 @@ def test_standby_forwards_refuses_agents_and_takes_over_without_restarts(pair: P
     assert b.call("GET", "/api/v1/orgs", token="wrong")[0] == 401  # the leader checks tokens
     status, _, snap = b.call("GET", "/internal/v1/snapshot", token="gateway")
     assert status == 200 and snap["version"] >= 1
+    # A request another standby already forwarded is not forwarded again (no loop).
+    status, _, doc = b.call("GET", "/api/v1/orgs", headers={"x-llmgw-forwarded-by": "x"})
+    assert status == 503 and doc["error"]["code"] == "control_plane.no_leader"
 
     # Agents that know the standby first are sent to the leader.
     pair.agent("n1", pair.agent_ports[::-1])
