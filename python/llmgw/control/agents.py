@@ -137,11 +137,17 @@ class Link:
 
 
 class AgentService(AgentServiceServicer):
-    """The `Connect` stream of every agent, feeding one `Fleet`."""
+    """The `Connect` stream of every agent, feeding the leader's `Fleet` (`cp.fleet`).
 
-    def __init__(self, fleet: Fleet, authority: Authority | None = None,
+    The port is open for the whole process, leader or not: a standby answers a stream
+    with FAILED_PRECONDITION and `leader=HOST:PORT` in the details, the form
+    `llmgw.agent.client` reads to go to the leader at once; with no leader known it
+    answers UNAVAILABLE, and the agent backs off and tries its next control plane.
+    """
+
+    def __init__(self, cp: Any, authority: Authority | None = None,
                  join_hash_key: bytes = b"") -> None:
-        self.fleet = fleet
+        self.cp = cp
         self.authority = authority
         """The cluster CA when the port is mutual TLS; None in plaintext (loopback) mode."""
         self.join_hash_key = join_hash_key
@@ -150,6 +156,19 @@ class AgentService(AgentServiceServicer):
                       context: grpc.aio.ServicerContext[pb.AgentMessage, pb.ControlMessage],
                       ) -> AsyncIterator[pb.ControlMessage]:
         """One agent's stream: Register first, then its reports; commands go back."""
+        fleet: Fleet | None = self.cp.fleet
+        leadership = self.cp.leadership
+        if fleet is None or leadership is None or not leadership.is_leader:
+            other = leadership.other_leader() if leadership is not None else None
+            if other is not None:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    "this control plane is a standby and takes no agents; "
+                                    f"leader={other.agent_address}")
+            else:
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    "this control plane is a standby and no leader is known "
+                                    "yet; try again shortly")
+            return
         it = aiter(request_iterator)
         try:
             first = await anext(it)
@@ -167,9 +186,9 @@ class AgentService(AgentServiceServicer):
                 return
         reg = registration(first.register, context.peer())
         link = Link(reg.node_id)
-        link.send(settings=agent_settings(self.fleet.settings))
-        await self.fleet.register(reg, link)
-        reader = asyncio.create_task(self._read(it, link), name=f"agent {reg.node_id}")
+        link.send(settings=agent_settings(fleet.settings))
+        await fleet.register(reg, link)
+        reader = asyncio.create_task(self._read(fleet, it, link), name=f"agent {reg.node_id}")
         reader.add_done_callback(lambda _: link.close())
         try:
             while True:
@@ -179,7 +198,7 @@ class AgentService(AgentServiceServicer):
                 yield msg
         finally:
             reader.cancel()
-            self.fleet.disconnected(reg.node_id, link)
+            fleet.disconnected(reg.node_id, link)
 
     async def _refusal(self, context: grpc.aio.ServicerContext[Any, Any], node_id: str,
                        ) -> str | None:
@@ -192,7 +211,7 @@ class AgentService(AgentServiceServicer):
         if cn != node_id:
             return (f"the client certificate is node {cn!r}'s, and the stream registers node "
                     f"{node_id!r}; run the agent with --node-id {cn} or join it again")
-        state = await joins.certificate(self.fleet.db, serial)
+        state = await joins.certificate(self.cp.db, serial)
         if state is None:
             return (f"certificate {serial} of node {node_id} was not issued by this cluster's "
                     "control planes (its store does not know it); join the node again with a "
@@ -229,7 +248,7 @@ class AgentService(AgentServiceServicer):
         except PkiError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
-            await joins.redeem(self.fleet.db, self.join_hash_key, token_id, secret,
+            await joins.redeem(self.cp.db, self.join_hash_key, token_id, secret,
                                request.node_id, serial_hex(cert),
                                cert.not_valid_after_utc.timestamp())
         except Forbidden as e:
@@ -239,19 +258,19 @@ class AgentService(AgentServiceServicer):
                  serial_hex(cert))
         return pb.JoinResponse(certificate_pem=pem(cert), ca_pem=self.authority.ca_pem)
 
-    async def _read(self, it: AsyncIterator[pb.AgentMessage], link: Link) -> None:
+    async def _read(self, fleet: Fleet, it: AsyncIterator[pb.AgentMessage], link: Link) -> None:
         node = link.node_id
         try:
             async for msg in it:
                 kind = msg.WhichOneof("msg")
                 if kind == "heartbeat":
                     hb = msg.heartbeat
-                    await self.fleet.report(node, link, [status(s) for s in hb.replicas], True,
+                    await fleet.report(node, link, [status(s) for s in hb.replicas], True,
                                             {g.uuid: g.memory_free_bytes for g in hb.gpus})
                 elif kind == "replica_status":
-                    await self.fleet.report(node, link, [status(msg.replica_status)], False)
+                    await fleet.report(node, link, [status(msg.replica_status)], False)
                 elif kind == "engine_logs":
-                    self.fleet.logs_arrived(msg.engine_logs.replica_id, list(msg.engine_logs.lines))
+                    fleet.logs_arrived(msg.engine_logs.replica_id, list(msg.engine_logs.lines))
                 # register again on one stream, kv_events: not used yet
         except grpc.aio.AioRpcError:
             pass  # the stream was cut; the agent reconnects
@@ -277,15 +296,16 @@ def _listen(server: grpc.aio.Server, address: str,
                            "using it? Set control_plane.agent_port and agent_join_port") from e
 
 
-async def serve(fleet: Fleet, settings: Settings, data_dir: Path | None = None,
+async def serve(cp: Any, settings: Settings, data_dir: Path | None = None,
                 join_hash_key: bytes = b"") -> grpc.aio.Server | None:
-    """Starts the agent service, or says why it does not and returns None."""
+    """Starts the agent service for control plane `cp`, or says why it does not and returns
+    None."""
     address = f"{settings.agent_host}:{settings.agent_port}"
     if settings.agent_insecure:
         if not is_loopback(settings.agent_host):  # Settings refuses this at load too
             raise RuntimeError(f"agent_insecure is allowed only on loopback, not {settings.agent_host}")
         server = _server()
-        add_AgentServiceServicer_to_server(AgentService(fleet), server)
+        add_AgentServiceServicer_to_server(AgentService(cp), server)
         _listen(server, address, None)
         await server.start()
         log.info("%s %s (plaintext, loopback only)", READY_LINE, address)
@@ -299,7 +319,7 @@ async def serve(fleet: Fleet, settings: Settings, data_dir: Path | None = None,
         return None
     pair = [(authority.server_key_pem, authority.server_cert_pem)]
     server = _server()
-    add_AgentServiceServicer_to_server(AgentService(fleet, authority, join_hash_key), server)
+    add_AgentServiceServicer_to_server(AgentService(cp, authority, join_hash_key), server)
     join = f"{settings.agent_host}:{settings.join_port}"
     _listen(server, address, grpc.ssl_server_credentials(pair, authority.ca_pem, True))
     _listen(server, join, grpc.ssl_server_credentials(pair))

@@ -31,7 +31,6 @@ from llmgw.control import placement, reconciler
 from llmgw.control.catalog import Catalog, CatalogError, Model, Profile
 from llmgw.control.inventory import LIVE, AdminState, Gpu, Node, Observed, Replica, ReplicaState
 from llmgw.control.settings import Settings
-from llmgw.secrets import JOIN_HASH_LABEL, derive
 from llmgw.store import Database
 from llmgw.store import fleet as rows
 from llmgw.store.errors import Invalid, NotFound, Taken, shown
@@ -168,6 +167,10 @@ class Fleet:
         self._pruned = 0.0
         self._orphans: dict[str, float] = {}
         self.started = time.time()
+        self.awaiting: set[str] = set()
+        """Nodes the store knows that have not registered with this control plane yet."""
+        self.grace_until = 0.0
+        """Until then, or until every node in `awaiting` is back, nothing is placed."""
 
     # -- start -------------------------------------------------------------------------
 
@@ -178,6 +181,12 @@ class Fleet:
         not already lost gets its heartbeat clock restarted now, so agents have the
         full `lost_after` to reconnect before their replicas are placed elsewhere
         (a failover must not move every replica). An unreachable one stays unreachable.
+
+        Then nothing is placed until every node not lost has registered again, or for
+        two heartbeat intervals at most (`settling`): a new leader after a failover, or
+        a restarted control plane, learns from each agent's Register which replicas it
+        runs and adopts them; placing before would start replicas a moment later found
+        running, twice. Stops, liveness and adoption go on meanwhile.
         """
         now = time.time() if now is None else now
         for row in await rows.list_models(self.db):
@@ -199,6 +208,15 @@ class Fleet:
             self.updated_at[r.id] = r.updated_at
         self.published = tuple(sorted(r.id for r in self.replicas.values()
                                       if r.state == "ready" and r.model in self._names()))
+        self.awaiting = {n.id for n in self.nodes.values() if n.state != "lost"}
+        self.grace_until = now + 2 * self.settings.heartbeat_interval
+
+    def settling(self, now: float) -> bool:
+        """Whether placement waits: `placement_settle` after start, or the grace after load
+        while some known node has not registered again."""
+        if now < self.started + self.settings.placement_settle:
+            return True
+        return now < self.grace_until and bool(self.awaiting - self.links.keys())
 
     def _names(self) -> set[str]:
         return {m.name for m in self.catalog}
@@ -284,7 +302,7 @@ class Fleet:
             beats, self._beats = self._beats, {}
             await rows.touch_nodes(self.db, beats)
             wanted = self.wanted()
-            if now < self.started + self.settings.placement_settle:
+            if self.settling(now):
                 # Settling: liveness and stops go on, but nothing is placed yet.
                 wanted = [reconciler.Want(model=w.model, replicas=min(w.replicas, sum(
                     1 for r in self.replicas.values()
@@ -433,6 +451,7 @@ class Fleet:
             if old is not None and old is not link:
                 old.close()
             self.links[reg.node_id] = link
+            self.awaiting.discard(reg.node_id)
             known = self.nodes.get(reg.node_id)
             row = rows.NodeRow(
                 id=reg.node_id, hostname=reg.hostname, labels=dict(reg.labels),
@@ -710,9 +729,9 @@ class Fleet:
 
 
 async def attach(cp: Any) -> None:
-    """Control plane part (see `llmgw.control.server.ATTACH`): `cp.fleet`, its loop, the agent
-    service, and the fleet's models and replicas in the gateways' snapshot."""
-    from llmgw.control import agents
+    """Control plane part (see `llmgw.control.server.ATTACH`): `cp.fleet`, its loop, and the
+    fleet's models and replicas in the gateways' snapshot. The agent service hands streams
+    to `cp.fleet` while it is set (`llmgw.control.agents`)."""
 
     snapshots = cp.snapshots
     fleet = Fleet(cp.db, cp.settings, cp.config.models, cp.secret,
@@ -722,6 +741,7 @@ async def attach(cp: Any) -> None:
     if snapshots is not None:
         snapshots.add_part(fleet.fill)
         snapshots.poke()
+
     async def wake(model: str) -> WakeReply:
         from llmgw.admin.store_errors import api_error
 
@@ -731,11 +751,13 @@ async def attach(cp: Any) -> None:
             raise api_error(e) from e
 
     cp.wake = wake  # POST /internal/v1/wake
-    server = await agents.serve(fleet, cp.settings, cp.data_dir,
-                                derive(cp.secret, JOIN_HASH_LABEL))
     cp.spawn(fleet.run(), "fleet")
-    if server is not None:
-        async def stop() -> None:
-            await server.stop(1)
 
-        cp.on_stop(stop)
+    async def stop() -> None:
+        # Fencing: a control plane that stops leading must not keep agents either; their
+        # streams end here and the agents go to whoever leads now.
+        for link in list(fleet.links.values()):
+            link.close()
+        fleet.links.clear()
+
+    cp.on_stop(stop)

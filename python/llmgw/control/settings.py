@@ -37,6 +37,16 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A gateway worker not heard from for this long is gone: its open requests are settled
     as `interrupted`. Gateways send a batch (empty when idle) every fraction of a second."""
 
+    # -- leadership: several control planes on one PostgreSQL ------------------------------
+    leader_lease_ttl: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    """Seconds the leader lease lasts; the leader renews it every third of that. A standby
+    takes over within about 4/3 of it after the leader dies (unused on SQLite)."""
+    advertise_admin_url: str | None = None
+    """Where standbys reach this control plane's admin API when it leads; None:
+    http://HOST:PORT of `llmgw server --host --port` (set it when HOST is 0.0.0.0)."""
+    advertise_agent_address: str | None = None
+    """HOST:PORT standbys send agents to when this one leads; None: agent_host:agent_port."""
+
     # -- the fleet: agents, placement, replicas ------------------------------------------
     agent_host: str = "127.0.0.1"
     """Where the agent service listens (gRPC; `llmgw agent --control-plane HOST:PORT`)."""
@@ -158,7 +168,7 @@ def load_settings(path: str | None) -> Settings:
 _DURATIONS = ("max_key_ttl", "request_retention", "gateway_silent_for", "reconcile_every",
               "unreachable_after", "lost_after", "heartbeat_interval", "failure_window",
               "restart_backoff_initial", "restart_backoff_max", "drain_timeout",
-              "replica_retention")
+              "replica_retention", "leader_lease_ttl")
 
 
 def load_models(path: str | None) -> list[Model]:
