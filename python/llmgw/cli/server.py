@@ -50,6 +50,8 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
     settings = load_settings(args.config)
     models = load_models(args.config)
     datadir.prepare(data_dir)
+    store = args.store or f"sqlite:///{data_dir / 'llmgw.db'}"
+    lock = _lock_sqlite(store, data_dir)  # first: a second server says only why it cannot run
     if not settings.agent_insecure:
         from llmgw.control.pki import Authority, PkiError
 
@@ -59,8 +61,6 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
             # A warning, not a refusal: the admin API and the gateways' control work
             # without agents, and the agent port opens at the next start after init.
             print(f"warning: the agent port stays closed: {e}", file=sys.stderr)
-    store = args.store or f"sqlite:///{data_dir / 'llmgw.db'}"
-    lock = _lock_sqlite(store, data_dir)
 
     async def migrate_once() -> None:
         # Here, in the parent, so that a store that cannot be reached or migrated
