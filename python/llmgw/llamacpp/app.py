@@ -273,6 +273,8 @@ def load(config: LlamaConfig) -> LlamaApp:
     kw: dict[str, Any] = {"n_ctx": config.n_ctx, "verbose": False}
     if config.threads:
         kw["n_threads"] = config.threads
+    if config.chat_format:
+        kw["chat_format"] = config.chat_format
     llm = llama_cpp.Llama(model_path=config.model_path, **kw)
     vocab = llm._model.vocab  # the end-of-generation test llama-cpp-python itself uses
     counter = Counter(llm, lambda token: bool(llama_cpp.llama_vocab_is_eog(vocab, token)))

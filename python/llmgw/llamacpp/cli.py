@@ -23,6 +23,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--host", default=_D.host, help=f"address to bind (default {_D.host})")
     add("--port", type=int, default=_D.port, help=f"TCP port to bind (default {_D.port})")
     add("--ctx-size", type=int, default=_D.n_ctx, help=f"context window in tokens (default {_D.n_ctx})")
+    add("--chat-format", default="", help="llama-cpp-python's chat format, e.g. gemma or chatml "
+        "(default: the GGUF's chat template, else llama-cpp-python's guess)")
     add("--threads", type=int, default=_D.threads, help="generation threads (default: half the cores)")
     add("--api-key", default=os.environ.get(KEY_ENV, ""),
         help=f"require 'Authorization: Bearer KEY' on /v1 (default ${KEY_ENV})")
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     name = args.served_model_name or Path(args.model).stem
     cfg = LlamaConfig(model_path=str(path), served_name=name, host=args.host, port=args.port,
-                      n_ctx=args.ctx_size, threads=args.threads, api_key=args.api_key)
+                      n_ctx=args.ctx_size, chat_format=args.chat_format, threads=args.threads, api_key=args.api_key)
     to_env(cfg)
     from granian import Granian
     from granian.constants import Interfaces, Loops

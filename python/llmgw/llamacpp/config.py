@@ -30,6 +30,10 @@ class LlamaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     port: int = 8000
     n_ctx: int = 4096
     """Context window in tokens (prompt and completion together)."""
+    chat_format: str = ""
+    """llama-cpp-python's chat format (`gemma`, `chatml`, ...); empty: the GGUF's own template,
+    else llama-cpp-python's guess. Gemma 3 270M's GGUF carries no template, and the guess
+    (llama-2) makes it end every answer at once."""
     threads: int = 0
     """Threads for generation; 0: llama.cpp's default (half the cores)."""
     api_key: str = ""
