@@ -174,7 +174,7 @@ def watch_ready(admin_url: str, data_dir: Path, model: str, base_url: str, timeo
         if ready:
             r = ready[0]
             print(f"{READY_LINE}: model {model!r} runs on node {r['node']} (replica {r['id']}); "
-                  f"ask it at {base_url} (`llmgw ctl nodes`, `llmgw ctl models` show it)", flush=True)
+                  f"ask it at {base_url} (`llmgw ctl nodes list` and `llmgw ctl models list` show it)", flush=True)
             return
         reason = str(view.get("reason") or "")
         if reason and reason != said:
