@@ -184,6 +184,10 @@ class LlamaApp:
             raise HttpError(404, f"The model `{body.model}` does not exist.", "model")
         if chat and not body.messages:
             raise HttpError(400, "messages must be a non-empty list", "messages")
+        for m in body.messages or ():
+            # llama-cpp-python's chat formats take text; OpenAI's list of parts becomes its text.
+            if isinstance(m.get("content"), list):
+                m["content"] = "".join(p.get("text", "") for p in m["content"] if isinstance(p, dict))
         if not chat and body.prompt is None:
             raise HttpError(400, "prompt must be a string", "prompt")
         return chat, body
