@@ -254,9 +254,9 @@ class LlamaApp:
                     return
                 if isinstance(item, tuple) and item[0] is _END:
                     if body.stream_options is not None and body.stream_options.include_usage:
-                        last: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                                "created": int(time.time()), "model": self.name, "choices": [],
-                                "usage": usage(item[1], item[2])}  # fmt: skip
+                        kind = "chat.completion.chunk" if chat else "text_completion"
+                        last: dict[str, Any] = {"id": rid, "object": kind, "created": int(time.time()),
+                                                "model": self.name, "choices": [], "usage": usage(item[1], item[2])}
                         await transport.send_bytes(b"data: " + msgspec.json.encode(last) + b"\n\n")
                     await transport.send_bytes(DONE)
                     return
