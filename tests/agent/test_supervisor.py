@@ -6,9 +6,10 @@ import asyncio
 import signal
 
 import msgspec
+import pytest
 
 from llmgw.agent.engines import LaunchRequest
-from llmgw.agent.supervisor import ReplicaInfo, Supervisor, SupervisorSettings
+from llmgw.agent.supervisor import ReplicaInfo, ShuttingDownError, Supervisor, SupervisorSettings
 from tests.agent.fakes import FakeClock, FakeEngines, sync
 
 REQ = LaunchRequest(replica_id="r1", model="m", engine="sim", port=0, host="")
@@ -60,6 +61,18 @@ async def test_start_ready_stop() -> None:
     assert engines.procs[0].signals == [signal.SIGTERM]
     assert states(seen) == ["pending", "starting", "ready", "draining", "stopped"]
     assert sup.statuses() == []
+
+
+@sync
+async def test_close_drains_and_refuses_later_starts() -> None:
+    sup, engines, _, _ = make()
+    sup.start(REQ)
+    await settle(sup, "r1", "ready")
+    await sup.close(drain_s=5)
+    assert engines.procs[0].signals == [signal.SIGTERM] and sup.statuses() == []
+    with pytest.raises(ShuttingDownError, match="shutting down"):
+        sup.start(msgspec.structs.replace(REQ, replica_id="r2"))
+    assert len(engines.launches) == 1 and sup.statuses() == []
 
 
 @sync

@@ -3,8 +3,9 @@
 One table (`ENGINES`) names every engine the agent can run; adding one is a row
 and a builder. The engine key (derived from the cluster secret by the control
 plane, see `engine_key`) reaches the engine through the environment where the
-engine reads one (vLLM, the simulator: VLLM_API_KEY), so it is not in the
-process list, and on the command line where it does not (SGLang, llama.cpp).
+engine reads one (vLLM, the simulator: VLLM_API_KEY; llmgw's llama.cpp engine:
+LLMGW_ENGINE_KEY), so it is not in the process list, and on the command line
+where it does not (SGLang).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Mapping
 
 import msgspec
 
+from llmgw.llamacpp.config import KEY_ENV as LLAMACPP_KEY_ENV
 from llmgw.secrets import derive
 
 ENGINE_KEY_LABEL = "llmgw engine key v1"
@@ -136,17 +138,14 @@ def _sglang(req: LaunchRequest) -> Launch:
 
 
 def _llamacpp(req: LaunchRequest) -> Launch:
-    # llama-cpp-python's server names its options after its settings fields (underscores).
-    argv = [sys.executable, "-m", "llama_cpp.server", "--model", req.source or req.model,
-            "--model_alias", req.model, "--host", req.host, "--port", str(req.port), *req.args]  # fmt: skip
-    headers = {}
+    # llmgw's own adapter over llama-cpp-python (llmgw/llamacpp/app.py says why not
+    # llama_cpp.server): it answers /health, streams usage, and takes its key from the env.
+    env = _base_env(req)
     if req.engine_key:
-        argv += ["--api_key", req.engine_key]
-        headers["authorization"] = f"Bearer {req.engine_key}"
-    # It has no /health: /v1/models answers once the model is loaded (the server
-    # loads it before it listens).
-    url = f"http://{_probe_host(req.host)}:{req.port}/v1/models"
-    return Launch(argv=argv, env=_base_env(req), probe_url=url, probe_headers=headers)
+        env[LLAMACPP_KEY_ENV] = req.engine_key
+    argv = [sys.executable, "-m", "llmgw.llamacpp", "--model", req.source or req.model,
+            "--served-model-name", req.model, "--host", req.host, "--port", str(req.port), *req.args]  # fmt: skip
+    return Launch(argv=argv, env=env, probe_url=f"http://{_probe_host(req.host)}:{req.port}/health")
 
 
 def _sim(req: LaunchRequest) -> Launch:

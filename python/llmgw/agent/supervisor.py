@@ -66,6 +66,10 @@ class NoFreePortError(RuntimeError):
     """Every port of the range is taken."""
 
 
+class ShuttingDownError(RuntimeError):
+    """A start arrived after the agent began to shut down."""
+
+
 class _Replica:
     def __init__(self, req: LaunchRequest, log_lines: int) -> None:
         self.req = req
@@ -110,6 +114,7 @@ class Supervisor:
         self._probe = probe
         self._port_free = port_free or _bindable
         self._replicas: dict[str, _Replica] = {}
+        self._closing = False
 
     # ---- commands ---------------------------------------------------------------------
 
@@ -117,7 +122,10 @@ class Supervisor:
         """Run `req` (port 0: one from the range). Idempotent: a replica already running is left as it is.
 
         A parked or stopped replica with the same id starts afresh (failures forgotten).
+        Raises ShuttingDownError after `close()`.
         """
+        if self._closing:
+            raise ShuttingDownError("the agent is shutting down")
         old = self._replicas.get(req.replica_id)
         if old is not None and old.state not in ("stopped", "parked"):
             return old.info()
@@ -159,6 +167,17 @@ class Supervisor:
     async def drain(self, drain_s: float) -> None:
         """Stop every replica, all at once, each within `drain_s`."""
         await asyncio.gather(*(self.stop(rid, drain_s) for rid in list(self._replicas)))
+
+    async def close(self, drain_s: float) -> None:
+        """Drain every replica and start none after: the agent is going away.
+
+        Without this, the control plane, which still holds the stream while the
+        engines drain, sees a replica stop and places another one on this node,
+        and the agent would start it and exit, leaving it running (engines are in
+        their own sessions, so nothing else stops them).
+        """
+        self._closing = True
+        await self.drain(drain_s)
 
     def update_policy(self, **fields: float) -> None:
         """Change restart and park settings (from the control plane's Settings); zero keeps a value."""
