@@ -52,6 +52,19 @@ team_ID  acme/ml  -            -       TIME
     assert ctl(capsys, "orgs", "create", "../etc") == snapshot((1, '', "error: `name` is not a valid name: a name is 1 to 63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit, without '..' [tenancy.bad_name]\n"))
 
 
+def test_a_noun_alone_lists(server: Server, capsys: pytest.CaptureFixture[str],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_ADMIN_TOKEN", server.admin_token)
+    monkeypatch.setenv("LLMGW_SERVER", server.url)
+    assert ctl(capsys, "orgs", "create", "acme")[0] == 0
+    listed = ctl(capsys, "orgs", "list")
+    assert listed[0] == 0 and "acme" in listed[1]
+    assert ctl(capsys, "orgs") == listed  # `ctl orgs` is `ctl orgs list`
+    assert ctl(capsys, "nodes", "--json") == ctl(capsys, "nodes", "list", "--json")
+    code, _, err = ctl(capsys, "requests")  # nothing to list: a verb is asked for
+    assert code == 2 and "VERB" in err
+
+
 def test_unreachable_server_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     code, out, err = ctl(capsys, "--server", f"http://127.0.0.1:{port}", "--token", "t", "orgs", "list")

@@ -44,6 +44,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
             noun = noun_parsers[cmd.noun] = nouns.add_parser(
                 cmd.noun, help=(default.help if default else f"{cmd.noun}: " + ", ".join(
                     c.verb for c in COMMANDS if c.noun == cmd.noun)))
+            if default is None:
+                # `ctl nodes` lists them, like `ctl nodes list` (when listing needs no argument).
+                default = next((c for c in COMMANDS if c.noun == cmd.noun and c.verb == "list"
+                                and all(a.flag.startswith("-") for a in c.args)), None)
             if default is not None:
                 # `ctl usage --since 24h`: the noun alone is a command, with its options.
                 _add_args(noun, default)
@@ -52,7 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
             continue
         if cmd.noun not in verb_groups:
             verb_groups[cmd.noun] = noun.add_subparsers(
-                dest="ctl_verb", metavar="VERB", required=cmd.noun not in {c.noun for c in COMMANDS if not c.verb})
+                dest="ctl_verb", metavar="VERB", required=noun.get_default("_ctl") is None)
         p = verb_groups[cmd.noun].add_parser(cmd.verb, help=cmd.help, description=cmd.help[0].upper() + cmd.help[1:] + ".")
         _add_args(p, cmd)
         if cmd.output == "csv":
