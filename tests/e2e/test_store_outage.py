@@ -107,3 +107,39 @@ def _run(cluster: Cluster, cut: TcpCut) -> None:
     assert sum(r["requests"] for r in rows) == len(sent)
     assert "cannot post" in gw.output, "the outage was seen by the gateway, not missed"
     print(f"{len(sent)} requests ({during} during a {OUTAGE} s outage), each accounted once")
+
+
+def test_an_outage_past_the_lease_fails_closed_and_heals(tmp_path: Path) -> None:
+    """Past the lease the leader steps down: nobody runs the limits authority, so a key with
+    limits is refused (fail-closed, 503) while an unlimited one is still served; when the
+    store returns the control plane takes the lease again by itself and limits work again."""
+    url = fresh_pg_database()
+    name = url.rsplit("/", 1)[1]
+    try:
+        with TcpCut(("127.0.0.1", 5432)) as cut:
+            cluster = Cluster(tmp_path, {"leader_lease_ttl": 2.0},
+                              store=f"postgresql://postgres@127.0.0.1:{cut.port}/{name}")
+            try:
+                sim = cluster.sim()
+                limited = cluster.key({"rpm": 10_000})
+                free = cluster.key()
+                gw = cluster.gateway(sim)
+                assert _chat(gw.url, limited["key"], "l-before") == 200
+                cut.cut()
+                time.sleep(2.0 + 1.5)  # past the lease: the leader has stepped down
+                statuses = [_chat(gw.url, limited["key"], f"l-during-{i}") for i in range(3)]
+                assert statuses == [503] * 3, (statuses, cluster.server.output[-3000:])
+                assert _chat(gw.url, free["key"], "f-during") == 200
+                cut.restore()
+                deadline = time.monotonic() + 15
+                while _chat(gw.url, limited["key"], "l-after") != 200:
+                    assert time.monotonic() < deadline, f"never led again:\n{cluster.server.output[-3000:]}"
+                    time.sleep(0.5)
+                assert cluster.server.popen.poll() is None
+                leader = cluster.call("GET", "/api/v1/leader")
+                assert leader["role"] == "leader", leader
+                assert "stepping down so that no two control planes place replicas" in cluster.server.output
+            finally:
+                cluster.stop()
+    finally:
+        drop_pg_database(url)
