@@ -81,6 +81,25 @@ def test_replica_resets_mid_stream(gateway: Gateway) -> None:
     assert rec["status"] == "upstream_error" and rec["completion_tokens"] == 2
 
 
+@pytest.mark.parametrize("fault", ["reset-after=2", "hang-after=2"])
+def test_a_stream_broken_mid_answer_ends_right_after_its_error_event(
+        gateway_factory: Callable[..., Gateway], sim: Proc, fault: str) -> None:
+    """The client must see the end of the answer, not only the error event: a client that
+    reads to the end (curl, urllib, any proxy in between) would otherwise hang."""
+    gw = gateway_factory([f"r1={sim.url}=sim-model"], {"timeouts": {"idle": 0.5}})
+    u = urlsplit(gw.base_url)
+    conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=5)
+    conn.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": "sim-model", "messages": MSG, "stream": True, "max_tokens": 20}),
+        {"content-type": "application/json", "x-sim-fault": fault})
+    t0 = time.monotonic()
+    body = conn.getresponse().read()  # raises TimeoutError when the answer never ends
+    conn.close()
+    assert time.monotonic() - t0 < 3
+    events = [e for e in body.decode().split("\n\n") if e.strip()]
+    assert json.loads(events[-1].removeprefix("data: "))["error"]["code"] in ("upstream_failed", "upstream_timeout")
+
+
 def test_error_event_from_the_engine_is_relayed_as_an_error(gateway: Gateway) -> None:
     stream = client(gateway).chat.completions.create(
         model="sim-model", messages=MSG, stream=True, extra_headers={"x-sim-fault": "error-after=2"}
