@@ -84,6 +84,9 @@ def _run(cluster: Cluster, cut: TcpCut) -> None:
 
     assert [call(f"after-{i}") for i in range(5)] == [200] * 5
     assert cluster.server.popen.poll() is None, cluster.server.output
+    # Shorter than the renew deadline: no demotion (RELIABILITY.md D, Patroni retry_timeout).
+    assert "stepping down" not in cluster.server.output
+    assert cluster.call("GET", "/api/v1/leader")["role"] == "leader"
 
     def record(rid: str) -> dict[str, Any] | None:
         answer = cluster.admin.call("GET", f"/api/v1/requests/{rid}")
