@@ -220,3 +220,22 @@ def test_slowloris_is_cut_at_the_header_deadline(gateway_factory: Callable[..., 
     assert got == b"" or got.startswith(b"HTTP/1.1 408")
     # Other clients were served all along.
     assert client(gw).models.list().data
+
+
+@pytest.mark.parametrize("framing", [b"Content-Length: 100\r\n", b"Transfer-Encoding: chunked\r\n"])
+def test_a_slow_body_upload_is_408_at_the_body_deadline(
+        gateway_factory: Callable[..., Gateway], sim: Proc, framing: bytes) -> None:
+    import socket
+    gw = gateway_factory([f"r1={sim.url}=sim-model"], {"timeouts": {"client_body": 1}})
+    u = urlsplit(gw.url)
+    part = b'{"model"' if framing.startswith(b"Content") else b'8\r\n{"model"\r\n'
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + framing + b"\r\n" + part)
+        t0 = time.monotonic()
+        got = s.recv(4096)
+        waited = time.monotonic() - t0
+    assert 0.5 < waited < 5, f"an unfinished body held the request for {waited:.1f}s"
+    assert got.startswith(b"HTTP/1.1 408"), got[:200]
+    assert b'"code":"request_timeout"' in got
+    assert client(gw).models.list().data
