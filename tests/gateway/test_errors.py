@@ -136,6 +136,27 @@ def test_deeply_nested_json_is_400(gateway: Gateway) -> None:
     assert "too deeply" in body["error"]["message"]
 
 
+def test_oversized_or_too_many_headers_are_431_before_anything_is_read(gateway: Gateway) -> None:
+    import socket
+
+    u = urlsplit(gateway.url)
+    for headers in (b"X-Big: " + b"a" * 2_000_000 + b"\r\n",
+                    b"".join(b"X-H%d: v\r\n" % i for i in range(200))):
+        with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+            try:
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+                got = s.recv(100)
+            except (BrokenPipeError, ConnectionResetError):
+                # Answered and closed while 2 MB were still being sent: the reset can
+                # overtake the 431, and it is a refusal all the same.
+                got = b"HTTP/1.1 431 (reset)"
+        assert got.startswith(b"HTTP/1.1 431"), got
+    # The gateway goes on serving.
+    status, _, _ = post(gateway, "/v1/chat/completions", json.dumps(
+        {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode())
+    assert status == 200
+
+
 def test_an_event_that_never_ends_is_cut_at_max_response_bytes(gateway_factory: Callable[..., Gateway]) -> None:
     import socket
     import threading
