@@ -68,6 +68,20 @@ def test_body_over_the_limit_is_413(gateway_factory: Callable[..., Gateway], sim
     assert_error(body, "body_too_large")
 
 
+def test_a_chunked_body_over_the_limit_is_413(gateway_factory: Callable[..., Gateway], sim: Proc) -> None:
+    gw = gateway_factory([f"r1={sim.url}=sim-model"], {"max_body_bytes": 1000})
+    u = urlsplit(gw.url)
+    conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=10)
+    part = json.dumps({"model": "sim-model", "prompt": "x" * 2000}).encode()
+    conn.request("POST", "/v1/completions", body=iter([part[:500], part[500:]]),
+                 headers={"content-type": "application/json"}, encode_chunked=True)
+    r = conn.getresponse()
+    body = json.loads(r.read())
+    conn.close()
+    assert r.status == 413
+    assert_error(body, "body_too_large")
+
+
 def test_no_healthy_replica_is_503_with_retry_after(
     gateway_factory: Callable[..., Gateway],
 ) -> None:
