@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 import openai
+import pytest
 
 from .conftest import Gateway, http_get, metric_value, start_sim
 
@@ -53,3 +54,34 @@ def test_when_every_replica_is_slow_tries_and_time_stay_bounded(
         assert waited < 1.8, f"the total deadline of 1 s (retries included) held the client {waited:.1f}s"
         [rec] = gw.usage(1)
         assert rec["retries"] <= 1 and rec["status"] == "timeout", rec
+
+
+def test_a_replica_that_keeps_failing_is_ejected_for_longer_each_time(
+        gateway_factory: Callable[..., Gateway]) -> None:
+    with start_sim("--model", "m") as sim:
+        gw = gateway_factory([f"r1={sim.url}=m"],
+                             {"health": {"eject_base": 0.4, "eject_max": 0.8, "probe_interval": 60}})
+        c = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=10)
+
+        def fail() -> None:
+            try:
+                c.chat.completions.create(model="m", messages=MSG, max_tokens=1,
+                                          extra_headers={"x-sim-fault": "fail=500"})
+            except openai.APIStatusError as e:
+                assert e.status_code == 502, e
+            else:
+                raise AssertionError("a failing replica answered")
+
+        fail()
+        with pytest.raises(openai.APIStatusError) as ejected:
+            c.chat.completions.create(model="m", messages=MSG, max_tokens=1)
+        assert ejected.value.status_code == 503  # ejected: nothing to route to
+        for wait in (0.5, 0.9, 0.9):  # back after 0.4 s, then 0.8, then still 0.8 (the cap)
+            time.sleep(wait)
+            fail()
+        time.sleep(0.9)
+        assert c.chat.completions.create(model="m", messages=MSG, max_tokens=1).choices  # a success ends the run
+        fail()
+        lines = [ln for ln in gw.proc.lines if "ejected for" in ln]
+        got = [(ln.split("ejected for ")[1].split("s ")[0], ln.split("(ejection ")[1].split()[0]) for ln in lines]
+        assert got == [("0.4", "1"), ("0.8", "2"), ("0.8", "3"), ("0.8", "4"), ("0.4", "1")], lines
