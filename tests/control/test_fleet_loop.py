@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from llmgw.admin.fleet import model_view
 from llmgw.control.catalog import Model, Profile, Source
 from llmgw.control.fleet import Fleet, NodeFacts, Registration, Status
 from llmgw.control.inventory import Gpu, Replica
@@ -128,7 +129,9 @@ def test_wake_scales_a_model_from_zero(tmp_path: Path) -> None:
         await fleet.register(reg("n1"), link)
         await fleet.reconcile()
         assert link.sent == []
+        assert model_view(fleet, zero).wanted == 0
         assert fleet.wake_model("z") == 1
+        assert model_view(fleet, zero).wanted == 1  # ctl models shows what the wake asked for
         await fleet.reconcile()
         assert [s[:2] for s in link.sent] == [("start", "z-1")]
         await db.close()

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from llmgw.control.catalog import Model, Profile, Source
 from llmgw.control.inventory import RESERVING, Gpu, Node, Observed
+from llmgw.control.placement import BinPacking, Capacity, Placement
 from llmgw.control.reconciler import Publish, Settings, Start, Unplaced, Want, apply, plan
 
 GiB = 2**30
@@ -142,3 +143,41 @@ def test_plans_never_overcommit_and_converge(
         now += data.draw(st.sampled_from((0.0, 40.0, 150.0)))
         # And operators rescale some models.
         desired = [Want(model=w.model, replicas=data.draw(st.integers(0, 5))) for w in desired]
+
+
+def _scan(model: Model, capacity: Capacity) -> tuple[Profile, Placement] | None:
+    """The reference `BinPacking.place`: every node asked, the smallest full key wins."""
+    policy, best = BinPacking(), None
+    for nc in capacity.nodes.values():
+        got = policy.first_fit(nc, model)
+        if isinstance(got, list):
+            continue
+        rank, profile, fit = got
+        key = (nc.models[model.name], rank, 0 if profile.gpu_count < 2 or fit.nvlinked else 1,
+               fit.leftover, nc.node.id)
+        if best is None or key < best[0]:
+            best = (key, nc.node.id, profile, fit)
+    if best is None:
+        return None
+    _, nid, profile, fit = best
+    return profile, Placement(node=nid, profile=profile.name,
+                              gpus=tuple(c.gpu.uuid for c in fit.gpus),
+                              gpu_indices=tuple(c.gpu.index for c in fit.gpus),
+                              nvlinked=fit.nvlinked)
+
+
+@settings(max_examples=150, deadline=None)
+@given(fleet=nodes(), desired=wants(), data=st.data())
+def test_indexed_placement_chooses_what_asking_every_node_would(
+    fleet: tuple[Node, ...], desired: list[Want], data: st.DataObject
+) -> None:
+    # Two ledgers side by side through a pass's worth of placements, in a random model order.
+    fast, slow = Capacity(fleet, ()), Capacity(fleet, ())
+    models = [w.model for w in desired]
+    for _ in range(data.draw(st.integers(1, 24))):
+        m = data.draw(st.sampled_from(models))
+        got, want = BinPacking().place(m, fast), _scan(m, slow)
+        assert got == want
+        if got is not None:
+            fast.reserve(m.name, got[0], got[1])
+            slow.reserve(m.name, got[0], got[1])

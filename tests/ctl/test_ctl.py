@@ -52,6 +52,19 @@ team_ID  acme/ml  -            -       TIME
     assert ctl(capsys, "orgs", "create", "../etc") == snapshot((1, '', "error: `name` is not a valid name: a name is 1 to 63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit, without '..' [tenancy.bad_name]\n"))
 
 
+def test_a_noun_alone_lists(server: Server, capsys: pytest.CaptureFixture[str],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_ADMIN_TOKEN", server.admin_token)
+    monkeypatch.setenv("LLMGW_SERVER", server.url)
+    assert ctl(capsys, "orgs", "create", "acme")[0] == 0
+    listed = ctl(capsys, "orgs", "list")
+    assert listed[0] == 0 and "acme" in listed[1]
+    assert ctl(capsys, "orgs") == listed  # `ctl orgs` is `ctl orgs list`
+    assert ctl(capsys, "nodes", "--json") == ctl(capsys, "nodes", "list", "--json")
+    code, _, err = ctl(capsys, "requests")  # nothing to list: a verb is asked for
+    assert code == 2 and "VERB" in err
+
+
 def test_unreachable_server_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     code, out, err = ctl(capsys, "--server", f"http://127.0.0.1:{port}", "--token", "t", "orgs", "list")
@@ -206,3 +219,29 @@ SCOPE    REQUESTS  ERRORS  PROMPT  COMPLETION  TOTAL
 acme/ml  5         1       10      20          30
 """, ""))
     assert fake.seen[-1][1] == "/api/v1/usage?since=24h"
+
+
+def test_nodes_join_token_prints_the_token_once(fake: type[_Fake],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    token = "llmgw-join.0123456789ab." + "s" * 32 + "." + "c" * 64
+    fake.answers[("POST", "/api/v1/join-tokens")] = _json(201, {
+        "id": "0123456789ab", "token": token, "expires_at": 1790001800.0, "ca_sha256": "c" * 64})
+    code, out, err = ctl(capsys, "nodes", "join-token", "--ttl", "30m")
+    assert (code, out) == (0, token + "\n")
+    assert err == snapshot("""\
+id:         0123456789ab
+expires_at: 2026-09-21T14:43:20Z
+ca_sha256:  cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
+This token will not be shown again. On the new node run: llmgw agent --join-token TOKEN --control-plane HOST:AGENT_PORT
+""")
+    assert json.loads(fake.seen[-1][2]) == {"ttl": "30m"}
+
+
+def test_join_token_without_a_ca_says_to_run_server_init(
+        server: Server, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_SERVER", server.url)
+    monkeypatch.setenv("LLMGW_ADMIN_TOKEN", server.admin_token)
+    code, out, err = ctl(capsys, "nodes", "join-token")
+    assert (code, out) == (1, "")
+    assert err.replace(str(server.data_dir), "DATA") == snapshot('error: DATA has no ca.crt, ca.key, agent-server.crt, agent-server.key: the agent port serves mutual TLS and needs the cluster CA; run `llmgw server init --data-dir DATA --san HOST` (HOST: the name or IP agents dial), or set control_plane.agent_insecure: true for agents on this machine only [join.no_ca]\n')

@@ -1,6 +1,7 @@
 """Issue 5's walk-through, as a new user would do it, with real processes.
 
-`llmgw up` (control plane, simulator, gateway) → the key it printed works
+`llmgw up --engine sim` (control plane, local agent running the simulator,
+gateway) → the key it printed works
 through the `openai` package → `llmgw ctl keys issue` gives a second key → the
 requests show in `ctl usage` and in the CSV export, and each one's record says
 who made it and where it went → `ctl keys revoke` → that key gets 401 within
@@ -56,11 +57,14 @@ def until(predicate: object, timeout: float, what: str) -> None:
 def test_issue_use_account_revoke(tmp_path: Path) -> None:
     data_dir, port, admin_port = tmp_path / "data", free_port(), free_port()
     args = [sys.executable, "-m", "llmgw.cli.main", "up", "--port", str(port),
-            "--admin-port", str(admin_port), "--data-dir", str(data_dir), "--ttft-ms", "1", "--itl-ms", "0"]
-    with start_process(args, "llmgw gateway listening on", port=port, timeout=60) as up:
+            "--admin-port", str(admin_port), "--agent-port", str(free_port()), "--data-dir", str(data_dir),
+            "--engine", "sim", "--ttft-ms", "1", "--itl-ms", "0"]
+    with start_process(args, "llmgw up: ready", timeout=60) as up:
         m = re.search(r"(sk-llmgw-[A-Za-z0-9_-]{40})", up.output)
         assert m, up.output
         first = m.group(1)
+        placed = re.search(r"\(replica (\S+)\)", up.output)
+        assert placed, up.output
         base = f"http://127.0.0.1:{port}/v1"
         assert ask(base, first, "walk-1")
 
@@ -86,7 +90,7 @@ def test_issue_use_account_revoke(tmp_path: Path) -> None:
         record = ctl(data_dir, admin_port, "--json", "requests", "get", "walk-2")
         assert record.returncode == 0, record.stderr
         view = json.loads(record.stdout)
-        assert view["key_id"] == second["id"] and view["replica"] == "sim-0"
+        assert view["key_id"] == second["id"] and view["replica"] == placed.group(1)
         assert view["status"] == "ok" and view["completion_tokens"] > 0
 
         revoked = ctl(data_dir, admin_port, "keys", "revoke", second["id"])

@@ -113,6 +113,7 @@ class ControlStub:
         self.data_dir = data_dir
         self.secret = os.urandom(32)
         (data_dir / "secret").write_text(self.secret.hex() + "\n")  # as `llmgw server` writes it
+        (data_dir / "secret").chmod(0o600)
         self.token = derive(self.secret, GATEWAY_TOKEN_LABEL).hex()
         self.hash_key = derive(self.secret, HASH_LABEL)
         self.state = State(used_tokens)

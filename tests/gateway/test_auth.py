@@ -220,8 +220,13 @@ def test_cli_flags_make_the_control_plane_section(tmp_path: object) -> None:
                          "--data-dir", str(d)])
     with pytest.raises(ConfigError) as e:
         build_config(args)
-    assert str(e.value).startswith(f"cannot read the control plane's secret {d / 'secret'}: ")
-    (d / "secret").write_bytes(bytes(32))
+    assert str(e.value).startswith(f"the gateway cannot use the control plane's secret: {d / 'secret'} is missing")
+    (d / "secret").write_text("00" * 32 + "\n")
+    (d / "secret").chmod(0o644)
+    with pytest.raises(ConfigError) as e:  # a secret others can read is refused, as by the server
+        build_config(args)
+    assert f"run `chmod 600 {d / 'secret'}`" in str(e.value)
+    (d / "secret").chmod(0o600)
     cfg = build_config(args)
     assert cfg.control_plane is not None and cfg.control_plane.data_dir == str(d)
     assert (cfg.control_plane.lease_wait, cfg.control_plane.limits_fail_open) == (0.5, False)

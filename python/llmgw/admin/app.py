@@ -30,6 +30,7 @@ from llmgw.store.db import Conflict, StoreError
 from llmgw.store.names import NAME_PATTERN, NAME_RULE
 
 from .answers import CSV, JSON, csv_body, error_json, json_body, truncate
+from .forward import FORWARDED, ForwardError, forward
 from .matching import BadPath, Router
 from .route import ApiError, Raw, Request, Route
 
@@ -55,6 +56,9 @@ _MSGPACK = ("application/msgpack", "application/x-msgpack", "application/vnd.msg
 # Headers a handler never sees: credentials stay in this module.
 _HIDDEN_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 _PARAM_AT = re.compile(r" - at `\$\.?([^`]*)`$")
+# Answered by every control plane itself, leader or standby; the rest of a standby's
+# requests go to the leader (admin/forward.py).
+LOCAL_PATHS = frozenset({"/api/v1/leader"})
 
 
 @dataclass
@@ -121,6 +125,9 @@ class AdminApp:
     async def handle(self, scope: Any, protocol: Any, rid: str) -> Answer:
         """One request, from route lookup to the encoded answer; raises ApiError for 4xx."""
         method, path = scope.method, scope.path
+        leadership = self.control.leadership
+        if leadership is not None and not leadership.is_leader and path not in LOCAL_PATHS:
+            return await self._forward(scope, protocol, rid)
         pairs = _query_pairs(scope.query_string)
         try:
             match = self.router.match(method, path)
@@ -153,6 +160,48 @@ class AdminApp:
             # working everywhere within a second or two).
             self.control.snapshots.poke()
         return _answer(route, query, result)
+
+    async def _forward(self, scope: Any, protocol: Any, rid: str) -> Answer:
+        """A standby's answer: the leader's answer to the same request (see admin/forward.py)."""
+        leadership = self.control.leadership
+        assert leadership is not None
+        wait = f"a failover takes up to about {leadership.ttl * 4 / 3:.0f} s"
+        retry = [("retry-after", str(max(1, round(leadership.every))))]
+        if scope.headers.get(FORWARDED):
+            return Answer(503, error_json(
+                503, "control_plane.no_leader", "this control plane is a standby and the request "
+                "was already forwarded to it by another standby, so no leader is known to "
+                f"either; try again shortly ({wait})"), headers=retry)
+        other = leadership.other_leader()
+        if other is None:
+            return Answer(503, error_json(
+                503, "control_plane.no_leader", "this control plane is a standby and no leader "
+                f"is known right now; try again shortly ({wait}), or ask GET /api/v1/leader "
+                "which control plane leads"), headers=retry)
+        limit = MAX_INTERNAL_BODY
+        declared = scope.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            raise _too_large(limit)
+        body = await protocol() if declared is not None else await read_body(protocol, limit)
+        if body is None or len(body) > limit:
+            raise _too_large(limit)
+        headers = {k: v for k, v in scope.headers.items()}
+        headers["x-request-id"] = rid
+        try:
+            status, back, data = await forward(other.admin_url, scope.method, scope.path,
+                                               scope.query_string, body, headers, leadership.id)
+        except ForwardError as e:
+            log.warning("forwarding %s %s to the leader failed: %s", scope.method,
+                        truncate(scope.path), e)
+            return Answer(503, error_json(
+                503, "control_plane.leader_unreachable", "this control plane is a standby and "
+                f"cannot reach the leader at {other.admin_url} ({e}); try again shortly "
+                f"({wait})"), headers=retry)
+        ctype = next((v for k, v in back if k == "content-type"), None)
+        extra = [(k, v) for k, v in back if k not in ("content-type", "x-request-id")]
+        if ctype is None and not data:
+            return Answer(status, b"", None, extra)
+        return Answer(status, data, ctype, extra)
 
     def _authenticate(self, route: Route, header: str | None) -> str:
         """The actor for a valid token of the route's kind; raises ApiError 401/403 otherwise."""

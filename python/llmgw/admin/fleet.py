@@ -222,7 +222,7 @@ def model_view(fleet: Any, m: Model, cls: type[ModelView] = ModelView, **extra: 
     mine = [r for r in fleet.replicas.values() if r.model == m.name]
     count = {s: sum(1 for r in mine if r.state == s) for s in ("ready", "pending", "starting",
                                                               "parked")}
-    wanted = m.clamp(fleet.scale.get(m.name, m.min_replicas))
+    wanted = fleet.wanted_of(m)
     unplaced = fleet.unplaced.get(m.name, 0)
     reasons = [f"replica {r.id} is parked: {r.reason}" for r in mine if r.state == "parked"]
     if unplaced:
@@ -346,7 +346,7 @@ async def explain_placement(req: Request) -> ExplainView:
     m = fleet.model(req.query["model"])
     placed = sum(1 for r in fleet.replicas.values()
                  if r.model == m.name and r.state in LIVE)
-    return ExplainView(model=m.name, wanted=m.clamp(fleet.scale.get(m.name, m.min_replicas)),
+    return ExplainView(model=m.name, wanted=fleet.wanted_of(m),
                        placed=placed, nodes=fleet.explain(m.name))
 
 
@@ -390,7 +390,9 @@ ROUTES: list[Route] = [
           "replicas again."),
     Route("DELETE", "/api/v1/nodes/{id}", "Remove a node", remove_node, response=NodeView,
           description="Only a lost node or one without replicas; 409 nodes.not_empty otherwise. "
-          "An agent still running registers it again."),
+          "Its certificates are revoked: over mutual TLS its agent is refused until it joins "
+          "again with a new token; in plaintext (agent_insecure) an agent still running "
+          "registers it again."),
     Route("GET", "/api/v1/nodes/{id}/logs", "Engine logs from a node", node_logs,
           query=(Param("lines", "the last N lines of each engine (default 100; 0: all kept)",
                        "integer"),

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from llmgw.store.tenancy import scope_paths
 
-from . import audit, fleet, internal, keys, meta, requests, tenancy, usage
+from . import audit, fleet, internal, joins, keys, leader, meta, requests, tenancy, usage
 from .route import Route
 
 ROUTES: list[Route] = [
     *meta.ROUTES,
+    *leader.ROUTES,
     *tenancy.ROUTES,
     *keys.ROUTES,
     *audit.ROUTES,
     *usage.routes(names=scope_paths),
     *requests.routes(names=scope_paths),
     *fleet.ROUTES,
+    *joins.ROUTES,
     *internal.ROUTES,
 ]

@@ -164,7 +164,7 @@ class Agent:
     async def shutdown(self, drain_s: float | None = None) -> None:
         """Stop reconnecting and drain every replica (SIGTERM, then SIGKILL after `drain_s`)."""
         self._closing = True
-        await self.supervisor.drain(self.config.drain_s if drain_s is None else drain_s)
+        await self.supervisor.close(self.config.drain_s if drain_s is None else drain_s)
 
     # ---- one stream ------------------------------------------------------------------
 

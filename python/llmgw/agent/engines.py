@@ -3,8 +3,9 @@
 One table (`ENGINES`) names every engine the agent can run; adding one is a row
 and a builder. The engine key (derived from the cluster secret by the control
 plane, see `engine_key`) reaches the engine through the environment where the
-engine reads one (vLLM, the simulator: VLLM_API_KEY), so it is not in the
-process list, and on the command line where it does not (SGLang, llama.cpp).
+engine reads one (vLLM, the simulator: VLLM_API_KEY; llmgw's llama.cpp engine:
+LLMGW_ENGINE_KEY), so it is not in the process list, and on the command line
+where it does not (SGLang).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Mapping
 
 import msgspec
 
+from llmgw.llamacpp.config import KEY_ENV as LLAMACPP_KEY_ENV
 from llmgw.secrets import derive
 
 ENGINE_KEY_LABEL = "llmgw engine key v1"
@@ -47,6 +49,11 @@ class LaunchRequest(msgspec.Struct, frozen=True, kw_only=True):
     engine_key: str = ""
     source: str = ""
     """Weights: a path or a repository id; empty means `model`."""
+    kv_events_port: int = 0
+    """Where the engine publishes KV-cache events (ZMQ PUB); 0: none. Set by the supervisor
+    for the engines in `KV_EVENTS`."""
+    kv_replay_port: int = 0
+    """Where it answers replay requests for missed event batches (ZMQ ROUTER)."""
 
     def __repr__(self) -> str:  # the key must not reach a log through a repr
         return f"LaunchRequest(replica_id={self.replica_id!r}, model={self.model!r}, engine={self.engine!r}, port={self.port})"
@@ -94,13 +101,30 @@ def _tp(req: LaunchRequest, flag: str) -> list[str]:
     return [flag, str(n)] if n > 1 and not any(a.startswith(flag) for a in req.args) else []
 
 
+def _zmq(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "", "::"):
+        return f"tcp://*:{port}"
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def _vllm_kv_events(req: LaunchRequest) -> list[str]:
+    """vLLM's KV-event publisher on the replica's two KV ports, unless the profile configures
+    one itself."""
+    if not req.kv_events_port or any(a.startswith("--kv-events-config") for a in req.args):
+        return []
+    config = {"enable_kv_cache_events": True, "publisher": "zmq",
+              "endpoint": _zmq(req.host, req.kv_events_port),
+              "replay_endpoint": _zmq(req.host, req.kv_replay_port), "topic": "kv-events"}
+    return ["--kv-events-config", msgspec.json.encode(config).decode()]
+
+
 def _vllm(req: LaunchRequest) -> Launch:
     env = _base_env(req)
     if req.engine_key:
         env["VLLM_API_KEY"] = req.engine_key  # vLLM reads it like --api-key
     argv = ["vllm", "serve", req.source or req.model, "--served-model-name", req.model,
             "--host", req.host, "--port", str(req.port), *_tp(req, "--tensor-parallel-size"),
-            *req.args]  # fmt: skip
+            *_vllm_kv_events(req), *req.args]  # fmt: skip
     return Launch(argv=argv, env=env, probe_url=f"http://{_probe_host(req.host)}:{req.port}/health")
 
 
@@ -114,17 +138,14 @@ def _sglang(req: LaunchRequest) -> Launch:
 
 
 def _llamacpp(req: LaunchRequest) -> Launch:
-    # llama-cpp-python's server names its options after its settings fields (underscores).
-    argv = [sys.executable, "-m", "llama_cpp.server", "--model", req.source or req.model,
-            "--model_alias", req.model, "--host", req.host, "--port", str(req.port), *req.args]  # fmt: skip
-    headers = {}
+    # llmgw's own adapter over llama-cpp-python (llmgw/llamacpp/app.py says why not
+    # llama_cpp.server): it answers /health, streams usage, and takes its key from the env.
+    env = _base_env(req)
     if req.engine_key:
-        argv += ["--api_key", req.engine_key]
-        headers["authorization"] = f"Bearer {req.engine_key}"
-    # It has no /health: /v1/models answers once the model is loaded (the server
-    # loads it before it listens).
-    url = f"http://{_probe_host(req.host)}:{req.port}/v1/models"
-    return Launch(argv=argv, env=_base_env(req), probe_url=url, probe_headers=headers)
+        env[LLAMACPP_KEY_ENV] = req.engine_key
+    argv = [sys.executable, "-m", "llmgw.llamacpp", "--model", req.source or req.model,
+            "--served-model-name", req.model, "--host", req.host, "--port", str(req.port), *req.args]  # fmt: skip
+    return Launch(argv=argv, env=env, probe_url=f"http://{_probe_host(req.host)}:{req.port}/health")
 
 
 def _sim(req: LaunchRequest) -> Launch:
@@ -132,7 +153,11 @@ def _sim(req: LaunchRequest) -> Launch:
     if req.engine_key:
         env["VLLM_API_KEY"] = req.engine_key
     argv = [sys.executable, "-m", "llmgw.sim", "--host", req.host, "--port", str(req.port),
-            "--model", req.model, *req.args]  # fmt: skip
+            "--model", req.model]  # fmt: skip
+    if req.kv_events_port and not any(a.startswith("--kv-events-endpoint") for a in req.args):
+        argv += ["--kv-events-endpoint", _zmq(req.host, req.kv_events_port),
+                 "--kv-replay-endpoint", _zmq(req.host, req.kv_replay_port)]
+    argv += req.args
     return Launch(argv=argv, env=env, probe_url=f"http://{_probe_host(req.host)}:{req.port}/health")
 
 
@@ -143,6 +168,10 @@ ENGINES: dict[str, tuple[Callable[[LaunchRequest], Launch], str]] = {
     "llamacpp": (_llamacpp, "llama-cpp-python"),
     "sim": (_sim, "llmgw"),
 }
+
+
+KV_EVENTS = frozenset({"vllm", "sim"})
+"""Engines that publish KV-cache events in vLLM's wire format when given two ports."""
 
 
 def build_launch(req: LaunchRequest) -> Launch:

@@ -21,7 +21,7 @@ from typing import Literal
 import msgspec
 
 from llmgw.agent.clock import Clock, RealClock, race
-from llmgw.agent.engines import Launch, LaunchRequest, UnknownEngineError, build_launch
+from llmgw.agent.engines import KV_EVENTS, Launch, LaunchRequest, UnknownEngineError, build_launch
 from llmgw.agent.probe import http_probe
 from llmgw.agent.process import EngineProcess, Spawn, describe_exit, spawn
 
@@ -58,10 +58,16 @@ class ReplicaInfo(msgspec.Struct, frozen=True, kw_only=True):
     restarts: int = 0
     reason: str = ""
     gpu_uuids: tuple[str, ...] = ()
+    kv_events_port: int = 0
+    kv_replay_port: int = 0
 
 
 class NoFreePortError(RuntimeError):
     """Every port of the range is taken."""
+
+
+class ShuttingDownError(RuntimeError):
+    """A start arrived after the agent began to shut down."""
 
 
 class _Replica:
@@ -79,10 +85,12 @@ class _Replica:
 
     def info(self) -> ReplicaInfo:
         r = self.req
+        up = self.state not in ("stopped", "parked")
         return ReplicaInfo(
             replica_id=r.replica_id, model=r.model, engine=r.engine, state=self.state,
-            port=r.port if self.state not in ("stopped", "parked") else 0, pid=self.pid,
-            restarts=self.restarts, reason=self.reason, gpu_uuids=r.gpu_uuids,
+            port=r.port if up else 0, pid=self.pid, restarts=self.restarts, reason=self.reason,
+            gpu_uuids=r.gpu_uuids, kv_events_port=r.kv_events_port if up else 0,
+            kv_replay_port=r.kv_replay_port if up else 0,
         )  # fmt: skip
 
 
@@ -106,6 +114,7 @@ class Supervisor:
         self._probe = probe
         self._port_free = port_free or _bindable
         self._replicas: dict[str, _Replica] = {}
+        self._closing = False
 
     # ---- commands ---------------------------------------------------------------------
 
@@ -113,12 +122,19 @@ class Supervisor:
         """Run `req` (port 0: one from the range). Idempotent: a replica already running is left as it is.
 
         A parked or stopped replica with the same id starts afresh (failures forgotten).
+        Raises ShuttingDownError after `close()`.
         """
+        if self._closing:
+            raise ShuttingDownError("the agent is shutting down")
         old = self._replicas.get(req.replica_id)
         if old is not None and old.state not in ("stopped", "parked"):
             return old.info()
         if req.port == 0:
             req = msgspec.structs.replace(req, port=self._pick_port())
+        if req.engine in KV_EVENTS and req.kv_events_port == 0:
+            events = self._pick_port(req.port)
+            req = msgspec.structs.replace(req, kv_events_port=events,
+                                          kv_replay_port=self._pick_port(req.port, events))
         if not req.host:
             req = msgspec.structs.replace(req, host=self.settings.engine_host)
         r = _Replica(req, self.settings.log_lines)
@@ -151,6 +167,17 @@ class Supervisor:
     async def drain(self, drain_s: float) -> None:
         """Stop every replica, all at once, each within `drain_s`."""
         await asyncio.gather(*(self.stop(rid, drain_s) for rid in list(self._replicas)))
+
+    async def close(self, drain_s: float) -> None:
+        """Drain every replica and start none after: the agent is going away.
+
+        Without this, the control plane, which still holds the stream while the
+        engines drain, sees a replica stop and places another one on this node,
+        and the agent would start it and exit, leaving it running (engines are in
+        their own sessions, so nothing else stops them).
+        """
+        self._closing = True
+        await self.drain(drain_s)
 
     def update_policy(self, **fields: float) -> None:
         """Change restart and park settings (from the control plane's Settings); zero keeps a value."""
@@ -251,9 +278,13 @@ class Supervisor:
     def _emit(self, r: _Replica) -> None:
         self.on_status(r.info())
 
-    def _pick_port(self) -> int:
+    def _pick_port(self, *also: int) -> int:
+        """A free port of the range that no running replica (nor `also`) holds."""
         low, high = self.settings.port_range
-        taken = {r.req.port for r in self._replicas.values() if r.state not in ("stopped", "parked")}
+        taken = set(also)
+        for r in self._replicas.values():
+            if r.state not in ("stopped", "parked"):
+                taken.update((r.req.port, r.req.kv_events_port, r.req.kv_replay_port))
         for port in range(low, high + 1):
             if port not in taken and self._port_free(self.settings.engine_host, port):
                 return port

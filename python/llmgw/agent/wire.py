@@ -23,7 +23,8 @@ def replica_status(info: ReplicaInfo) -> pb.ReplicaStatus:
     return pb.ReplicaStatus(
         replica_id=info.replica_id, model=info.model, state=STATES[info.state], port=info.port,
         engine_pid=info.pid, restarts=info.restarts, reason=info.reason, engine=info.engine,
-        gpu_uuids=list(info.gpu_uuids),
+        gpu_uuids=list(info.gpu_uuids), kv_events_port=info.kv_events_port,
+        kv_replay_port=info.kv_replay_port,
     )  # fmt: skip
 
 

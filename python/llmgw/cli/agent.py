@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from llmgw.agent.client import Agent, AgentConfig, AgentConfigError
 from llmgw.agent.inventory import FakeGpuSpecError, detect, host_facts
+from llmgw.agent.join import JoinError, credentials, default_state_dir, join, needs_join
 from llmgw.agent.supervisor import Supervisor, SupervisorSettings
 
 READY_PREFIX = "llmgw-agent registered"
@@ -35,6 +37,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--advertise-address", default="", help="host gateways use for this node's engines")
     add("--insecure", action="store_true",
         help="plaintext to a control plane on loopback (never over a network)")  # fmt: skip
+    add("--join-token", default=os.environ.get("LLMGW_JOIN_TOKEN") or None, metavar="TOKEN",
+        help="join the cluster with a token from `llmgw ctl nodes join-token` (or $LLMGW_JOIN_TOKEN, "
+             "kept out of `ps`): the node gets its certificate, kept in --state-dir (joins again "
+             "only for a new token)")  # fmt: skip
+    add("--join-port", type=int, default=None, metavar="PORT",
+        help="the control plane's join port (default: the --control-plane port + 1)")
+    add("--state-dir", type=Path, default=None, metavar="DIR",
+        help=f"where a joined node keeps its key and certificates (default {default_state_dir()})")  # fmt: skip
     add("--cert", default=None, help="the node's certificate (PEM) for mutual TLS")
     add("--key", default=None, help="the node's private key (PEM)")
     add("--ca", default=None, help="the cluster CA certificate (PEM)")
@@ -72,14 +82,52 @@ def _labels(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _joined(args: argparse.Namespace, targets: tuple[str, ...],
+            node_id: str) -> tuple[str | None, str | None, str | None]:
+    """The node's certificate, key and CA from its state dir, joining first when a new
+    --join-token is given; (None, None, None) when it has not joined (check_config says so)."""
+    state = (args.state_dir or default_state_dir()).expanduser()
+    if args.join_token:
+        try:
+            fresh = needs_join(state, args.join_token)
+        except ValueError as e:
+            raise AgentConfigError(str(e)) from None
+        if fresh:
+            if not targets:
+                raise AgentConfigError("no control plane given; pass --control-plane HOST:PORT.")
+            # The first control plane that answers; a refusal is final (the token is bad).
+            for i, target in enumerate(targets):
+                try:
+                    join(target, args.join_port, args.join_token, node_id, state)
+                    break
+                except JoinError as e:
+                    if e.refused or i == len(targets) - 1:
+                        raise AgentConfigError(f"cannot join: {e}.") from None
+            print(f"llmgw agent: joined the cluster as node {node_id}; certificate in {state}",
+                  flush=True)  # fmt: skip
+    found = credentials(state)
+    if found is None:
+        if args.join_token is None:
+            raise AgentConfigError(
+                f"this node has not joined a cluster ({state} holds no certificate); pass "
+                "--join-token from `llmgw ctl nodes join-token`, or --cert, --key and --ca, or "
+                "--insecure for a control plane on this machine.")
+        return None, None, None
+    return found
+
+
 def build(args: argparse.Namespace) -> Agent:
     """The agent the options describe; raises AgentConfigError or FakeGpuSpecError with a sentence."""
     node_id = _node_id(args.node_id)
     settings = SupervisorSettings(port_range=_port_range(args.port_range), engine_host=args.engine_host)
+    targets = tuple(t.strip() for t in args.control_plane.split(",") if t.strip())
+    cert, key, ca = args.cert, args.key, args.ca
+    if not args.insecure and not (cert or key or ca):
+        cert, key, ca = _joined(args, targets, node_id)
     config = AgentConfig(
-        control_planes=tuple(t.strip() for t in args.control_plane.split(",") if t.strip()),
-        node_id=node_id, labels=_labels(args.label), insecure=args.insecure, cert_file=args.cert,
-        key_file=args.key, ca_file=args.ca, advertise_address=args.advertise_address,
+        control_planes=targets,
+        node_id=node_id, labels=_labels(args.label), insecure=args.insecure, cert_file=cert,
+        key_file=key, ca_file=ca, advertise_address=args.advertise_address,
         heartbeat_interval_s=args.heartbeat_interval,
     )  # fmt: skip
     inventory = detect(args.fake_gpus, node_id)

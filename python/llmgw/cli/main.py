@@ -13,15 +13,19 @@ import sys
 from collections.abc import Sequence
 
 # (command path, one-line help, module). A path with a parent needs the parent's
-# row first; a row whose module is None is a group of subcommands.
+# row first; a row whose module is None is a group of subcommands, and a row with a
+# module may have subcommands too (`server init`), which are then optional.
 COMMANDS: list[tuple[tuple[str, ...], str, str | None]] = [
-    (("up",), "run a whole llmgw on this machine: a local engine and the gateway at :8080", "llmgw.cli.up"),
+    (("up",), "run a whole llmgw on this machine: control plane, agent, a model and the gateway at :8080", "llmgw.cli.up"),
     (("gateway",), "serve the OpenAI API in front of engine replicas (router-only mode)", "llmgw.cli.gateway"),
     (("agent",), "run the node agent: report GPUs, run engines for the control plane", "llmgw.cli.agent"),
     (("server",), "run the control plane: the admin API, tenancy, keys, usage (at 127.0.0.1:8081)", "llmgw.cli.server"),
+    (("server", "init"), "create the cluster CA and the agent port's certificate in the data dir", "llmgw.cli.server_init"),
     (("ctl",), "manage a control plane from the command line: orgs, teams, projects, keys, usage", "llmgw.cli.ctl"),
-    (("engine",), "inference engines llmgw can run itself (today: the simulator)", None),
+    (("engine",), "inference engines llmgw can run itself (the simulator, llama.cpp on the CPU)", None),
     (("engine", "sim"), "run the engine simulator: vLLM's OpenAI surface with no GPU", "llmgw.sim.cli"),
+    (("engine", "llamacpp"), "serve a GGUF model on the CPU with llama.cpp (pip install 'llmgw[cpu]')",
+     "llmgw.llamacpp.cli"),
     (("version",), "print the version of llmgw and of its Rust core", "llmgw.cli.version"),
 ]
 
@@ -32,10 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     groups: dict[tuple[str, ...], argparse._SubParsersAction[argparse.ArgumentParser]] = {
         (): top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     }
+    parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
     argv = sys.argv[1:]
     for path, text, module in COMMANDS:
-        parent = groups[path[:-1]]
-        p = parent.add_parser(path[-1], help=text, description=text[0].upper() + text[1:] + ".")
+        parent = groups.get(path[:-1])
+        if parent is None:  # a command that runs on its own and has subcommands
+            parent = groups[path[:-1]] = parsers[path[:-1]].add_subparsers(
+                dest="_".join(path[:-1]), metavar="COMMAND", required=False)
+        p = parsers[path] = parent.add_parser(path[-1], help=text, description=text[0].upper() + text[1:] + ".")
         if module is None:
             groups[path] = p.add_subparsers(dest="_".join(path), metavar="COMMAND", required=True)
             continue

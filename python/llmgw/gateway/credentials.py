@@ -1,6 +1,6 @@
 """The gateway's two secrets: the token it shows the control plane and the key that hashes API keys.
 
-Both are derived from the cluster secret (`<data-dir>/secret`, 64 hex characters)
+Both are derived from the cluster secret (`<data-dir>/secret`, read as `llmgw.control.datadir` reads it)
 with `llmgw.secrets.derive` and one label per purpose, exactly as the control plane
 derives them. A gateway on another machine gets them from the environment instead:
 LLMGW_GATEWAY_TOKEN and LLMGW_KEY_HASH_SECRET (hex).
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.config import ConfigError, ControlPlane
+from llmgw.control import datadir
 from llmgw.secrets import GATEWAY_TOKEN_LABEL, HASH_LABEL, derive
 
 TOKEN_ENV = "LLMGW_GATEWAY_TOKEN"
@@ -31,24 +32,14 @@ class Credentials:
 
 
 def read_secret(data_dir: str | os.PathLike[str]) -> bytes:
-    """The cluster secret from `<data_dir>/secret` (raw bytes, or hex text)."""
-    path = Path(data_dir) / "secret"
+    """The cluster secret from `<data_dir>/secret`, by the control plane's own rules (64 hex
+    characters, owner-only)."""
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(
-            f"cannot read the control plane's secret {path}: {e.strerror}; give the data directory of "
-            f"`llmgw server` (--data-dir), or set {TOKEN_ENV} and {HASH_KEY_ENV}"
-        ) from None
-    text = raw.strip()
-    if len(text) == 64:
-        try:
-            return bytes.fromhex(text.decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            pass
-    if len(raw) < 32:
-        raise ConfigError(f"the secret in {path} is {len(raw)} bytes; it must be at least 32")
-    return raw
+        return datadir.read_secret(Path(data_dir))
+    except datadir.DataDirError as e:
+        raise ConfigError(f"the gateway cannot use the control plane's secret: {e}. Give the "
+                          "data directory of `llmgw server` (--data-dir), or, on another machine, "
+                          f"set {TOKEN_ENV} and {HASH_KEY_ENV}") from None
 
 
 def load_credentials(cp: ControlPlane) -> Credentials:

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from . import snapshot
+from . import joins, snapshot
 from .db import Conflict, Database, Row
 from .errors import Taken
 
@@ -112,10 +112,12 @@ async def touch_nodes(db: Database, heartbeats: Mapping[str, float]) -> None:
 
 
 async def delete_node(db: Database, node: str) -> None:
-    """Removes a node and every replica row on it."""
+    """Removes a node and every replica row on it, and revokes its certificates: its agent
+    cannot register it again without a new join token."""
     async with db.transaction() as tx:
         await tx.execute("DELETE FROM replicas WHERE node = $1", node)
         await tx.execute("DELETE FROM nodes WHERE id = $1", node)
+        await joins.revoke_node(tx, node)
 
 
 # -- models and scale ------------------------------------------------------------------

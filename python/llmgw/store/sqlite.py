@@ -32,6 +32,16 @@ def _sql(sql: str) -> str:
     return _PLACEHOLDER.sub(r"?\1", sql)
 
 
+def file_of(url: str) -> str:
+    """The file a `sqlite:` url names (`:memory:` for the in-memory store, '' for none)."""
+    # sqlite:///abs/file.db -> /abs/file.db; sqlite://:memory: -> :memory:
+    path = url.removeprefix("sqlite:").removeprefix("//")
+    if path in (":memory:", "/:memory:"):
+        return ":memory:"
+    # sqlite:////abs/file.db (a template's sqlite:/// + an absolute path): one slash.
+    return "/" + path.lstrip("/") if path.startswith("//") else path
+
+
 class SqliteDatabase:
     """A `Database` over one SQLite file."""
 
@@ -46,10 +56,7 @@ class SqliteDatabase:
     @classmethod
     async def open(cls, url: str) -> SqliteDatabase:
         """Opens (creating when absent) the file named by `sqlite:///PATH` or `sqlite://:memory:`."""
-        # sqlite:///abs/file.db -> /abs/file.db; sqlite://:memory: -> :memory:
-        path = url.removeprefix("sqlite:").removeprefix("//")
-        if path == "/:memory:":
-            path = ":memory:"
+        path = file_of(url)
         if not path:
             raise StoreError(f"store url {url!r} names no file; use sqlite:///PATH/llmgw.db")
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-sqlite")

@@ -68,6 +68,58 @@ REPLICA_STATE_PARKED: ReplicaState.ValueType  # 6
 Global___ReplicaState: _TypeAlias = ReplicaState  # noqa: Y015
 
 @_typing.final
+class JoinRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    CSR_PEM_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """the whole join token"""
+    node_id: _builtins.str
+    """the CN of the certificate asked for"""
+    csr_pem: _builtins.bytes
+    """a PKCS#10 request for the node's own key"""
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        node_id: _builtins.str = ...,
+        csr_pem: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["csr_pem", b"csr_pem", "node_id", b"node_id", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinRequest: _TypeAlias = JoinRequest  # noqa: Y015
+
+@_typing.final
+class JoinResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERTIFICATE_PEM_FIELD_NUMBER: _builtins.int
+    CA_PEM_FIELD_NUMBER: _builtins.int
+    certificate_pem: _builtins.bytes
+    """the node's certificate, signed by the cluster CA"""
+    ca_pem: _builtins.bytes
+    """the cluster CA certificate"""
+    def __init__(
+        self,
+        *,
+        certificate_pem: _builtins.bytes = ...,
+        ca_pem: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ca_pem", b"ca_pem", "certificate_pem", b"certificate_pem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinResponse: _TypeAlias = JoinResponse  # noqa: Y015
+
+@_typing.final
 class AgentMessage(_message.Message):
     """---- agent -> control plane ----"""
 
@@ -334,6 +386,8 @@ class ReplicaStatus(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
     GPU_UUIDS_FIELD_NUMBER: _builtins.int
+    KV_EVENTS_PORT_FIELD_NUMBER: _builtins.int
+    KV_REPLAY_PORT_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     model: _builtins.str
     state: Global___ReplicaState.ValueType
@@ -343,6 +397,12 @@ class ReplicaStatus(_message.Message):
     reason: _builtins.str
     """why it is in this state, a sentence, for operators"""
     engine: _builtins.str
+    kv_events_port: _builtins.int
+    """Where the engine publishes its KV-cache events (vLLM's ZMQ PUB socket) and answers
+    replay requests (ROUTER), on the node's address; 0 when the engine publishes none.
+    Gateways subscribe to them directly to route by what each replica has cached.
+    """
+    kv_replay_port: _builtins.int
     @_builtins.property
     def gpu_uuids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -357,10 +417,12 @@ class ReplicaStatus(_message.Message):
         reason: _builtins.str = ...,
         engine: _builtins.str = ...,
         gpu_uuids: _abc.Iterable[_builtins.str] | None = ...,
+        kv_events_port: _builtins.int = ...,
+        kv_replay_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "engine_pid", b"engine_pid", "gpu_uuids", b"gpu_uuids", "model", b"model", "port", b"port", "reason", b"reason", "replica_id", b"replica_id", "restarts", b"restarts", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "engine_pid", b"engine_pid", "gpu_uuids", b"gpu_uuids", "kv_events_port", b"kv_events_port", "kv_replay_port", b"kv_replay_port", "model", b"model", "port", b"port", "reason", b"reason", "replica_id", b"replica_id", "restarts", b"restarts", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

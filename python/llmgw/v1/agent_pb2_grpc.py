@@ -40,6 +40,11 @@ class AgentServiceStub:
                 request_serializer=llmgw_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
                 response_deserializer=llmgw_dot_v1_dot_agent__pb2.ControlMessage.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/llmgw.v1.AgentService/Join',
+                request_serializer=llmgw_dot_v1_dot_agent__pb2.JoinRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_agent__pb2.JoinResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -54,6 +59,16 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Join(self, request, context):
+        """A new node's first call, with a join token from `llmgw ctl nodes join-token`:
+        the control plane signs the node's key (CN = node_id) and answers with the
+        certificate and the cluster CA. Served on the join port, which is TLS
+        without client certificates (the node has none yet); Connect there is refused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +76,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=llmgw_dot_v1_dot_agent__pb2.AgentMessage.FromString,
                     response_serializer=llmgw_dot_v1_dot_agent__pb2.ControlMessage.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=llmgw_dot_v1_dot_agent__pb2.JoinRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_agent__pb2.JoinResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +110,33 @@ class AgentService:
             '/llmgw.v1.AgentService/Connect',
             llmgw_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
             llmgw_dot_v1_dot_agent__pb2.ControlMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.AgentService/Join',
+            llmgw_dot_v1_dot_agent__pb2.JoinRequest.SerializeToString,
+            llmgw_dot_v1_dot_agent__pb2.JoinResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,12 @@ class AgentServiceStub:
     refuses it with FAILED_PRECONDITION and the leader's address in the
     details, so the agent moves to the leader.
     """
+    Join: _grpc.UnaryUnaryMultiCallable[_agent_pb2.JoinRequest, _agent_pb2.JoinResponse]
+    """A new node's first call, with a join token from `llmgw ctl nodes join-token`:
+    the control plane signs the node's key (CN = node_id) and answers with the
+    certificate and the cluster CA. Served on the join port, which is TLS
+    without client certificates (the node has none yet); Connect there is refused.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -59,6 +65,12 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """One stream per agent for as long as it runs. A standby control plane
     refuses it with FAILED_PRECONDITION and the leader's address in the
     details, so the agent moves to the leader.
+    """
+    Join: _aio.UnaryUnaryMultiCallable[_agent_pb2.JoinRequest, _agent_pb2.JoinResponse]  # type: ignore[assignment]
+    """A new node's first call, with a join token from `llmgw ctl nodes join-token`:
+    the control plane signs the node's key (CN = node_id) and answers with the
+    certificate and the cluster CA. Served on the join port, which is TLS
+    without client certificates (the node has none yet); Connect there is refused.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -71,6 +83,18 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         """One stream per agent for as long as it runs. A standby control plane
         refuses it with FAILED_PRECONDITION and the leader's address in the
         details, so the agent moves to the leader.
+        """
+
+    @_abc_1.abstractmethod
+    def Join(
+        self,
+        request: _agent_pb2.JoinRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.JoinResponse, _abc.Awaitable[_agent_pb2.JoinResponse]]:
+        """A new node's first call, with a join token from `llmgw ctl nodes join-token`:
+        the control plane signs the node's key (CN = node_id) and answers with the
+        certificate and the cluster CA. Served on the join port, which is TLS
+        without client certificates (the node has none yet); Connect there is refused.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

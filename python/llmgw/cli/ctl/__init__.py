@@ -44,6 +44,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
             noun = noun_parsers[cmd.noun] = nouns.add_parser(
                 cmd.noun, help=(default.help if default else f"{cmd.noun}: " + ", ".join(
                     c.verb for c in COMMANDS if c.noun == cmd.noun)))
+            if default is None:
+                # `ctl nodes` lists them, like `ctl nodes list` (when listing needs no argument).
+                default = next((c for c in COMMANDS if c.noun == cmd.noun and c.verb == "list"
+                                and all(a.flag.startswith("-") for a in c.args)), None)
             if default is not None:
                 # `ctl usage --since 24h`: the noun alone is a command, with its options.
                 _add_args(noun, default)
@@ -52,7 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
             continue
         if cmd.noun not in verb_groups:
             verb_groups[cmd.noun] = noun.add_subparsers(
-                dest="ctl_verb", metavar="VERB", required=cmd.noun not in {c.noun for c in COMMANDS if not c.verb})
+                dest="ctl_verb", metavar="VERB", required=noun.get_default("_ctl") is None)
         p = verb_groups[cmd.noun].add_parser(cmd.verb, help=cmd.help, description=cmd.help[0].upper() + cmd.help[1:] + ".")
         _add_args(p, cmd)
         if cmd.output == "csv":
@@ -241,6 +245,13 @@ def _show(cmd: Command, args: argparse.Namespace, answer: Answer) -> int:
         view = {k: v for k, v in data.items() if k != "key"}
         print(block(view, cmd.columns), file=sys.stderr)
         print("This key will not be shown again: store it now.", file=sys.stderr)
+    elif cmd.output == "token":
+        # The token alone on stdout (TOKEN=$(llmgw ctl nodes join-token) works).
+        print(data["token"])
+        view = {k: v for k, v in data.items() if k != "token"}
+        print(block(view, cmd.columns), file=sys.stderr)
+        print("This token will not be shown again. On the new node run: llmgw agent "
+              "--join-token TOKEN --control-plane HOST:AGENT_PORT", file=sys.stderr)
     elif cmd.output == "done":
         values = {a.field: getattr(args, _dest(a)) for a in cmd.args}
         print(cmd.done.format(**values))

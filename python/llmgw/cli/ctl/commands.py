@@ -13,7 +13,7 @@ from typing import Literal
 
 Where = Literal["path", "query", "body"]
 Kind = Literal["text", "ref", "int", "bool", "flag", "list", "model"]
-Output = Literal["table", "object", "key", "csv", "json", "routes", "done"]
+Output = Literal["table", "object", "key", "token", "csv", "json", "routes", "done"]
 ColumnKind = Literal["text", "time", "duration", "limits", "bool"]
 
 
@@ -223,6 +223,11 @@ COMMANDS: list[Command] = [
              Arg("--source", "query", "source", "only this replica's engine")), (), "json"),
     Command("nodes", "remove", "DELETE", "/api/v1/nodes/{id}", "forget a lost or empty node",
             (Arg("ID", "path", "id", "the node's id"),), _NODE, "done", "removed node {id}"),
+    Command("nodes", "join-token", "POST", "/api/v1/join-tokens",
+            "make a token a new node joins with (`llmgw agent --join-token`)",
+            (Arg("--ttl", "body", "ttl", "how long it can be used, like 30m (default 1h, at most 7d)"),),
+            (Column("ID", "id"), Column("EXPIRES", "expires_at", "time"),
+             Column("CA SHA-256", "ca_sha256")), "token"),
     Command("models", "list", "GET", "/api/v1/models", "list the models and their replicas", (),
             _MODEL),
     Command("models", "add", "POST", "/api/v1/models", "add a model from a YAML or JSON file",
@@ -250,6 +255,13 @@ COMMANDS: list[Command] = [
             (Arg("--replicas", "body", "replicas", "replica ids, comma-separated", "list"),
              Arg("--models", "body", "models", "every replica of these models, comma-separated",
                  "list")), (), "json"),
+    Command("leader", "", "GET", "/api/v1/leader",
+            "which control plane leads, since when, and this one's role",
+            (), (Column("ROLE", "role"), Column("ID", "id"), Column("STORE", "store"),
+                 Column("LEADER", "leader_id"), Column("LEADER ADMIN URL", "leader_admin_url"),
+                 Column("LEADER AGENTS", "leader_agent_address"),
+                 Column("SINCE", "leader_since", "time"), Column("LEASE TTL", "lease_ttl")),
+            "object"),
     Command("api", "routes", "GET", "/api/v1/openapi.json", "every route of the admin API",
             (), (Column("METHOD", "method"), Column("PATH", "path"), Column("SUMMARY", "summary")),
             "routes"),

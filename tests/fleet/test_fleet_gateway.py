@@ -1,0 +1,189 @@
+"""A gateway in front of the fleet while a node is lost (issue 6's acceptance): two agents with
+simulated GPUs, one replica on each, a real gateway routing keyed traffic to them from the
+control plane's snapshot. The node of one replica is killed under load; every request that
+started after the gateway learned of the loss (the replica left its routing table) succeeds."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from tests.e2e.conftest import GATEWAY_READY
+from tests.fleet.conftest import SIM_MODEL, Fleet, wait_for
+from tests.gateway.conftest import metric_value
+from tests.gateway.test_routing import SYSTEM, TOKENIZER
+from tests.procs import Proc, free_port, start_process
+from tests.sim.util import sim_env
+
+_HEALTHY = re.compile(r'^llmgw_replica_healthy\{replica="([^"]+)"\} ', re.MULTILINE)
+
+
+def _issue_key(f: Fleet) -> str:
+    for path, body in (("/api/v1/orgs", {"name": "acme"}),
+                       ("/api/v1/teams", {"org": "acme", "name": "ml"}),
+                       ("/api/v1/projects", {"team": "acme/ml", "name": "chat"})):
+        status, doc = f.post(path, body)
+        assert status == 201, (path, status, doc)
+    status, issued = f.post("/api/v1/keys", {"project": "acme/ml/chat", "name": "load"})
+    assert status == 201, issued
+    key: str = issued["key"]
+    return key
+
+
+def _gateway(f: Fleet, config: dict[str, Any] | None = None) -> Proc:
+    args = [sys.executable, "-m", "llmgw", "gateway", "--port", str(free_port()),
+            "--control-plane", f.server.url, "--data-dir", str(f.server.data_dir)]
+    if config is not None:
+        path = f.tmp / "gateway.yaml"
+        path.write_text(json.dumps({"gateway": config}))
+        args += ["--config", str(path)]
+    return start_process(args, GATEWAY_READY, timeout=30, env=sim_env())
+
+
+def _routed(gateway: Proc) -> set[str]:
+    """The replicas the gateway routes to now, from its /metrics."""
+    with urllib.request.urlopen(f"{gateway.url}/metrics", timeout=5) as resp:
+        return set(_HEALTHY.findall(resp.read().decode()))
+
+
+class Load:
+    """Threads sending chat completions through the gateway, one after another, recording
+    (start, end, status) of each until stopped."""
+
+    def __init__(self, url: str, key: str, threads: int = 4) -> None:
+        self.url, self.key = url, key
+        self.done: list[tuple[float, float, int, str]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def _one(self) -> tuple[int, str]:
+        body = b'{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":8}'
+        req = urllib.request.Request(f"{self.url}/v1/chat/completions", body, {
+            "content-type": "application/json", "authorization": f"Bearer {self.key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=15) as resp:
+                resp.read()
+                return int(resp.status), ""
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode(errors="replace")[:300]
+        except OSError as exc:
+            return 0, repr(exc)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            start = time.monotonic()
+            status, why = self._one()
+            self.done.append((start, time.monotonic(), status, why))
+
+    def stop(self) -> list[tuple[float, float, int, str]]:
+        self._stop.set()
+        for t in self._threads:
+            t.join(20)
+        return self.done
+
+
+def test_no_request_fails_after_the_gateway_learned_a_node_was_lost(
+        fleet_factory: Callable[..., Fleet]) -> None:
+    f = fleet_factory(placement_settle=6)
+    f.start_agents("n1", "n2")
+    ready = wait_for("two ready replicas", lambda: (
+        reps := [r for r in f.replicas() if r["state"] == "ready"]) and len(reps) == 2 and reps)
+    assert sorted(r["node"] for r in ready) == ["n1", "n2"]
+    lost = next(r for r in ready if r["node"] == "n1")["id"]
+
+    gateway = _gateway(f)
+    try:
+        wait_for("the gateway routes to both replicas",
+                 lambda: _routed(gateway) == {r["id"] for r in ready})
+        key = _issue_key(f)
+        wait_for("the key known to the gateway", lambda: _chat(gateway.url, key, None) == 404)
+        load = Load(gateway.url, key)
+        wait_for("requests flowing", lambda: len(load.done) >= 20)
+
+        f.kill_node("n1")
+        killed_at = time.monotonic()
+        # When the gateway learned: its routing table no longer has the lost replica
+        # (polled every 50 ms, so `learned` is at most 50 ms late: a stricter bound).
+        deadline = killed_at + 30
+        while lost in _routed(gateway):
+            assert time.monotonic() < deadline, "the gateway never dropped the lost replica"
+            time.sleep(0.05)
+        learned = time.monotonic()
+        # Keep the load on past the lost timeout, while the replacement is placed on n2.
+        wait_for("the replacement ready on n2", lambda: [
+            r for r in f.replicas() if r["state"] == "ready" and r["node"] == "n2"
+            and r["id"] != lost][1:], timeout=30)
+        time.sleep(1.0)
+        done = load.stop()
+    finally:
+        gateway.terminate()
+
+    after = [d for d in done if d[0] >= learned]
+    failed_after = [d for d in after if d[2] != 200]
+    failed_before = [d for d in done if d[0] < learned and d[2] != 200]
+    print(f"{len(done)} requests; learned {learned - killed_at:.2f}s after the kill; "
+          f"{len(after)} started after it, {len(failed_after)} of them failed; "
+          f"{len(failed_before)} failed before")
+    assert len(after) >= 20, "too few requests after the gateway learned to show anything"
+    assert failed_after == [], failed_after[:5]
+
+
+def test_kv_events_of_placed_engines_reach_the_gateway_and_route_a_shared_prefix(
+        fleet_factory: Callable[..., Fleet]) -> None:
+    # The agents start the simulator engines with KV-event publishing on two ports of their
+    # range; the snapshot carries the endpoints; the gateway subscribes and routes by them.
+    model = {**SIM_MODEL, "profiles": [{**SIM_MODEL["profiles"][0],  # type: ignore[index]
+                                        "args": ["--tokenizer", TOKENIZER]}]}
+    f = fleet_factory([model], placement_settle=6)
+    f.start_agents("n1", "n2")
+    snap = wait_for("two replicas in the snapshot with KV endpoints", lambda: (
+        s := f.snapshot()) and len(s["replicas"]) == 2
+        and all(r["kv_events"] and r["kv_replay"] for r in s["replicas"]) and s)
+    for r in snap["replicas"]:
+        assert r["kv_events"].startswith("tcp://127.0.0.1:")
+    gateway = _gateway(f, {"routing": {"sim-model": {"policy": "kv", "tokenizer": TOKENIZER}}})
+    try:
+        wait_for("the gateway routes to both replicas", lambda: len(_routed(gateway)) == 2)
+        key = _issue_key(f)
+        # A new key reaches the gateway with the next snapshot, within a second or so.
+        wait_for("the key known to the gateway", lambda: _chat(gateway.url, key, None) == 404)
+        turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "first"}]
+        assert _chat(gateway.url, key, turn1) == 200
+        wait_for("the first request's blocks in the gateway's KV index",
+                 lambda: _metric(gateway, "llmgw_kv_index_blocks") > 0, timeout=10)
+        turn2 = [*turn1, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+        assert _chat(gateway.url, key, turn2) == 200
+        hits = _metric(gateway, "llmgw_routing_decisions_total", model="sim-model", policy="kv",
+                       kind="cache_hit")
+    finally:
+        gateway.terminate()
+    assert hits == 1
+
+
+def _metric(gateway: Proc, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(f"{gateway.url}/metrics", timeout=5) as resp:
+        return metric_value(resp.read().decode(), name, **labels)
+
+
+def _chat(url: str, key: str, messages: list[dict[str, str]] | None) -> int:
+    """A chat completion's status; with no messages, one for a model nobody serves (404 once
+    the key is known, 401 before)."""
+    model, msgs = ("sim-model", messages) if messages else ("no-such-model", [])
+    body = json.dumps({"model": model, "messages": msgs, "max_tokens": 2}).encode()
+    req = urllib.request.Request(f"{url}/v1/chat/completions", body, {
+        "content-type": "application/json", "authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=15) as resp:
+            resp.read()
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)

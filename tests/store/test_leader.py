@@ -1,0 +1,140 @@
+"""The leader lease on PostgreSQL: take, renew, no steal before expiry, steal after, one winner,
+release; and a leader that cannot renew steps down by its own deadline (fencing)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from llmgw.control.leader import Leadership
+from llmgw.store import Database, connect, migrate
+from llmgw.store import leader as lease
+from tests.store.conftest import drop_pg_database, fresh_pg_database
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database (the lease is PostgreSQL's only: SQLite has one control plane)."""
+    url = fresh_pg_database()
+    try:
+        yield url
+    finally:
+        drop_pg_database(url)
+
+
+async def _open(url: str) -> Database:
+    db = await connect(url)
+    await migrate(db)
+    return db
+
+
+def test_take_renew_no_steal_then_steal_after_expiry(pg_url: str) -> None:
+    async def run() -> None:
+        db = await _open(pg_url)
+        try:
+            assert await lease.current(db) is None
+            a = await lease.take(db, "a", "http://a:1", "a:2", 30.0)
+            assert a is not None and a.holder == "a" and a.live
+            assert 29.0 < a.expires_at - a.now <= 30.0  # the database's clock, not ours
+            # A live lease is not stolen, and the refusal changes nothing.
+            assert await lease.take(db, "b", "http://b:1", "b:2", 30.0) is None
+            cur = await lease.current(db)
+            assert cur is not None and (cur.holder, cur.admin_url, cur.agent_address) == (
+                "a", "http://a:1", "a:2")
+            # Renewing keeps `since` and moves the expiry.
+            again = await lease.take(db, "a", "http://a:1", "a:2", 60.0)
+            assert again is not None and again.since == a.since
+            assert again.expires_at > a.expires_at + 29.0
+            # Expired (a renewal with a TTL already past): anyone may take it, with a new since.
+            assert await lease.take(db, "a", "http://a:1", "a:2", -1.0) is not None
+            expired = await lease.current(db)
+            assert expired is not None and not expired.live
+            b = await lease.take(db, "b", "http://b:1", "b:2", 30.0)
+            assert b is not None and b.holder == "b" and b.since > a.since
+            assert await lease.take(db, "a", "http://a:1", "a:2", 30.0) is None
+            # A clean stop gives it up at once; only the holder can.
+            assert not await lease.release(db, "a")
+            assert await lease.release(db, "b")
+            assert await lease.take(db, "a", "http://a:1", "a:2", 30.0) is not None
+        finally:
+            await db.close()
+
+    asyncio.run(run())
+
+
+def test_racing_for_an_expired_lease_has_one_winner(pg_url: str) -> None:
+    async def run() -> None:
+        dbs = [await _open(pg_url) for _ in range(8)]
+        try:
+            assert await lease.take(dbs[0], "old", "http://o:1", "o:2", -1.0) is not None
+            got = await asyncio.gather(*(lease.take(db, f"c{i}", f"http://c{i}:1", f"c{i}:2", 30.0)
+                                         for i, db in enumerate(dbs)))
+            winners = [g.holder for g in got if g is not None]
+            assert len(winners) == 1
+            cur = await lease.current(dbs[0])
+            assert cur is not None and cur.holder == winners[0]
+        finally:
+            for db in dbs:
+                await db.close()
+
+    asyncio.run(run())
+
+
+class _Stalled:
+    """A store whose statements never answer (a partitioned PostgreSQL), for fencing."""
+
+    dialect = "postgres"
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        await asyncio.Event().wait()
+
+
+def test_a_leader_that_cannot_renew_steps_down_by_its_deadline(pg_url: str) -> None:
+    events: list[tuple[str, float]] = []
+
+    async def run() -> None:
+        db = await _open(pg_url)
+        try:
+            async def elected() -> None:
+                events.append(("elected", time.monotonic()))
+
+            async def deposed() -> None:
+                events.append(("deposed", time.monotonic()))
+
+            ttl = 0.6
+            one = Leadership(db, ttl, "http://one:1", "one:2", elected, deposed)
+            two = Leadership(db, ttl, "http://two:1", "two:2", elected, deposed)
+            await one.attempt()
+            await two.attempt()
+            assert one.is_leader and not two.is_leader
+            other = two.other_leader()
+            assert other is not None and other.holder == one.id
+            assert other.agent_address == "one:2"
+            taken = time.monotonic()
+            one.db = _Stalled()  # type: ignore[assignment]
+            task = asyncio.create_task(one.run())
+            async with asyncio.timeout(5):
+                while one.is_leader:
+                    await asyncio.sleep(0.01)
+            # Fencing: down no later than its lease (plus a scheduling margin), before
+            # the standby can have taken it.
+            assert time.monotonic() - taken < ttl + 0.3
+            assert [e for e, _ in events] == ["elected", "deposed"]
+            task.cancel()
+            # The standby takes it once it has expired by the database's clock, not before.
+            await two.attempt()
+            if not two.is_leader:
+                await asyncio.sleep(ttl)
+                await two.attempt()
+            assert two.is_leader
+            cur = await lease.current(db)
+            assert cur is not None and cur.holder == two.id
+        finally:
+            await db.close()
+
+    asyncio.run(run())
+

@@ -1,0 +1,60 @@
+"""The llama.cpp engine's pieces that need no model: where the GGUF comes from, the token count
+for streamed usage, and which request fields reach llama-cpp-python."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from llmgw.llamacpp.app import Body, Counter
+from llmgw.llamacpp.config import ModelSourceError, resolve_gguf
+
+EOG = 99
+
+
+def test_a_file_is_the_model(tmp_path: Path) -> None:
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    assert resolve_gguf(str(f)) == f
+
+
+def test_a_package_assembles_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = types.ModuleType("tiny_model_gguf")
+    pkg.assemble = lambda: tmp_path / "tiny.gguf"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tiny_model_gguf", pkg)
+    assert resolve_gguf("tiny-model-gguf") == tmp_path / "tiny.gguf"
+
+
+def test_missing_package_says_what_to_install() -> None:
+    with pytest.raises(ModelSourceError, match=r"no package no_such_model_gguf is installed; "
+                                              r"install it \(pip install no-such-model-gguf\)"):
+        resolve_gguf("no-such-model-gguf")
+
+
+def test_a_package_that_is_no_model() -> None:
+    with pytest.raises(ModelSourceError, match="package json has no assemble"):
+        resolve_gguf("json")
+
+
+class FakeLlama:
+    def generate(self, tokens: list[int], **kw: object) -> Iterator[int]:
+        yield from (5, 6, 7, EOG)
+
+
+def test_counter_counts_prompt_and_sampled_tokens_without_the_end() -> None:
+    llm = FakeLlama()
+    counter = Counter(llm, lambda t: t == EOG)
+    assert list(llm.generate([1, 2, 3, 4])) == [5, 6, 7, EOG]
+    assert (counter.prompt, counter.completion) == (4, 3)
+    assert list(llm.generate([1])) and (counter.prompt, counter.completion) == (1, 3)
+
+
+def test_sampling_passes_what_the_request_sets() -> None:
+    body = msgspec.json.decode(b'{"messages": [], "max_tokens": 9, "max_completion_tokens": 5, '
+                               b'"temperature": 0, "n": 3}', type=Body)
+    assert body.sampling() == {"max_tokens": 5, "temperature": 0}
