@@ -24,7 +24,34 @@ class ConfigError(Exception):
     """A configuration the gateway cannot run with; the message is for the operator."""
 
 
-class Endpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class HttpUrl:
+    """A mixin for a Struct with a `url` that must be http://HOST[:PORT]: its check, host and port.
+
+    Endpoint and ControlPlane both have one; a plain class with empty slots, which
+    msgspec allows as a mixin, so it adds no field and changes no field order.
+    """
+
+    __slots__ = ()
+    url: str
+
+    def check_url(self, what: str) -> None:
+        """ValueError `{what}; expected http://HOST:PORT` unless `url` is one."""
+        parts = urlsplit(self.url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"{what}; expected http://HOST:PORT")
+
+    @property
+    def host(self) -> str:
+        """The host part of the URL."""
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        """The port part of the URL (80 when absent)."""
+        return urlsplit(self.url).port or 80
+
+
+class Endpoint(msgspec.Struct, HttpUrl, forbid_unknown_fields=True, kw_only=True):
     """One engine replica: an OpenAI-compatible HTTP server and the models it serves."""
 
     id: str
@@ -36,23 +63,9 @@ class Endpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Its replay endpoint, e.g. tcp://10.0.0.5:5558; without it a lost batch drops the replica's entries."""
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(
-                f"endpoint {self.id!r} has url {self.url!r}; expected http://HOST:PORT"
-            )
+        self.check_url(f"endpoint {self.id!r} has url {self.url!r}")
         if not self.models:
             raise ValueError(f"endpoint {self.id!r} serves no model; give at least one")
-
-    @property
-    def host(self) -> str:
-        """The host part of the URL."""
-        return urlsplit(self.url).hostname or ""
-
-    @property
-    def port(self) -> int:
-        """The port part of the URL (80 when absent)."""
-        return urlsplit(self.url).port or 80
 
 
 class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -80,7 +93,7 @@ class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     eject_max: Seconds = 60.0
 
 
-class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class ControlPlane(msgspec.Struct, HttpUrl, forbid_unknown_fields=True, kw_only=True):
     """Where the gateway gets its keys and limits and sends its usage (`llmgw server`).
 
     Without this section the gateway is open: no key is asked for and no limit applies.
@@ -108,19 +121,7 @@ class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     without limits (availability first; the requests are still recorded)."""
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"control_plane.url is {self.url!r}; expected http://HOST:PORT")
-
-    @property
-    def host(self) -> str:
-        """The host part of the URL."""
-        return urlsplit(self.url).hostname or ""
-
-    @property
-    def port(self) -> int:
-        """The port part of the URL (80 when absent)."""
-        return urlsplit(self.url).port or 80
+        self.check_url(f"control_plane.url is {self.url!r}")
 
 
 class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
