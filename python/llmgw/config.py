@@ -24,34 +24,18 @@ class ConfigError(Exception):
     """A configuration the gateway cannot run with; the message is for the operator."""
 
 
-class HttpUrl:
-    """A mixin for a Struct with a `url` that must be http://HOST[:PORT]: its check, host and port.
+def check_http_url(url: str, what: str) -> None:
+    """ValueError `{what}; expected http://HOST:PORT` unless `url` is http://HOST[:PORT].
 
-    Endpoint and ControlPlane both have one; a plain class with empty slots, which
-    msgspec allows as a mixin, so it adds no field and changes no field order.
+    The one check of every URL the gateway is configured with (endpoints, control planes);
+    `what` names the field and its value for the operator.
     """
-
-    __slots__ = ()
-    url: str
-
-    def check_url(self, what: str) -> None:
-        """ValueError `{what}; expected http://HOST:PORT` unless `url` is one."""
-        parts = urlsplit(self.url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"{what}; expected http://HOST:PORT")
-
-    @property
-    def host(self) -> str:
-        """The host part of the URL."""
-        return urlsplit(self.url).hostname or ""
-
-    @property
-    def port(self) -> int:
-        """The port part of the URL (80 when absent)."""
-        return urlsplit(self.url).port or 80
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"{what}; expected http://HOST:PORT")
 
 
-class Endpoint(msgspec.Struct, HttpUrl, forbid_unknown_fields=True, kw_only=True):
+class Endpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One engine replica: an OpenAI-compatible HTTP server and the models it serves."""
 
     id: str
@@ -63,9 +47,19 @@ class Endpoint(msgspec.Struct, HttpUrl, forbid_unknown_fields=True, kw_only=True
     """Its replay endpoint, e.g. tcp://10.0.0.5:5558; without it a lost batch drops the replica's entries."""
 
     def __post_init__(self) -> None:
-        self.check_url(f"endpoint {self.id!r} has url {self.url!r}")
+        check_http_url(self.url, f"endpoint {self.id!r} has url {self.url!r}")
         if not self.models:
             raise ValueError(f"endpoint {self.id!r} serves no model; give at least one")
+
+    @property
+    def host(self) -> str:
+        """The host part of the URL."""
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        """The port part of the URL (80 when absent)."""
+        return urlsplit(self.url).port or 80
 
 
 class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -93,7 +87,7 @@ class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     eject_max: Seconds = 60.0
 
 
-class ControlPlane(msgspec.Struct, HttpUrl, forbid_unknown_fields=True, kw_only=True):
+class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Where the gateway gets its keys and limits and sends its usage (`llmgw server`).
 
     Without this section the gateway is open: no key is asked for and no limit applies.
@@ -121,7 +115,17 @@ class ControlPlane(msgspec.Struct, HttpUrl, forbid_unknown_fields=True, kw_only=
     without limits (availability first; the requests are still recorded)."""
 
     def __post_init__(self) -> None:
-        self.check_url(f"control_plane.url is {self.url!r}")
+        check_http_url(self.url, f"control_plane.url is {self.url!r}")
+
+    @property
+    def host(self) -> str:
+        """The host part of the URL."""
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        """The port part of the URL (80 when absent)."""
+        return urlsplit(self.url).port or 80
 
 
 class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
