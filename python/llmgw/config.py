@@ -24,6 +24,17 @@ class ConfigError(Exception):
     """A configuration the gateway cannot run with; the message is for the operator."""
 
 
+def check_http_url(url: str, what: str) -> None:
+    """ValueError `{what}; expected http://HOST:PORT` unless `url` is http://HOST[:PORT].
+
+    The one check of every URL the gateway is configured with (endpoints, control planes);
+    `what` names the field and its value for the operator.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"{what}; expected http://HOST:PORT")
+
+
 class Endpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One engine replica: an OpenAI-compatible HTTP server and the models it serves."""
 
@@ -36,11 +47,7 @@ class Endpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Its replay endpoint, e.g. tcp://10.0.0.5:5558; without it a lost batch drops the replica's entries."""
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(
-                f"endpoint {self.id!r} has url {self.url!r}; expected http://HOST:PORT"
-            )
+        check_http_url(self.url, f"endpoint {self.id!r} has url {self.url!r}")
         if not self.models:
             raise ValueError(f"endpoint {self.id!r} serves no model; give at least one")
 
@@ -108,9 +115,7 @@ class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     without limits (availability first; the requests are still recorded)."""
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"control_plane.url is {self.url!r}; expected http://HOST:PORT")
+        check_http_url(self.url, f"control_plane.url is {self.url!r}")
 
     @property
     def host(self) -> str:

@@ -6,12 +6,22 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.config import ConfigError, load_server_file, parse_endpoint
+from llmgw.config import ConfigError, ControlPlane, Endpoint, load_server_file, parse_endpoint
 
 
 def test_endpoint_flag() -> None:
     e = parse_endpoint("r1=http://127.0.0.1:9000=a,b")
     assert (e.id, e.host, e.port, e.models) == ("r1", "127.0.0.1", 9000, ["a", "b"])
+
+
+def test_urls_are_checked_alike() -> None:
+    # Endpoint and ControlPlane share one check (config.check_http_url); each names its field.
+    with pytest.raises(ValueError) as e:
+        Endpoint(id="a", url="ftp://x", models=["m"])
+    assert str(e.value) == "endpoint 'a' has url 'ftp://x'; expected http://HOST:PORT"
+    with pytest.raises(ValueError) as e:
+        ControlPlane(url="http://")
+    assert str(e.value) == "control_plane.url is 'http://'; expected http://HOST:PORT"
 
 
 @pytest.mark.parametrize("spec", ["r1", "r1=http://x:1", "=http://x:1=m", "r1=ftp://x=m"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from llmgw.wire import LeaseReply, LeaseRequest, Snapshot, UsageBatch, WakeReply, WakeRequest
 
 from .route import ApiError, Param, Raw, Request, Route
+from .store_errors import mapped
 
 JSON = "application/json"
 
@@ -78,12 +79,14 @@ async def leases(req: Request) -> LeaseReply:
     return reply
 
 
+@mapped
 async def wake(req: Request) -> WakeReply:
     """Scale from zero: a gateway holds requests for a model with no ready replica.
 
     `req.state.wake(model)` (the reconciler's) wants at least one replica of the model
-    and returns a WakeReply (None reads as one replica wanted), or raises ApiError when
-    the model is unknown or cannot be placed. The gateway then waits for a snapshot that
+    and returns a WakeReply (None reads as one replica wanted), or raises the store's
+    NotFound or Invalid when the model is unknown or does not scale from zero (`mapped`
+    answers them 404 or 400 with their code). The gateway then waits for a snapshot that
     lists a replica of it; many gateways asking for one model ask for the same replica.
     """
     ask: WakeRequest = req.body  # decoded into the route's type by the app

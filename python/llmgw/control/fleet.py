@@ -743,12 +743,8 @@ async def attach(cp: Any) -> None:
         snapshots.poke()
 
     async def wake(model: str) -> WakeReply:
-        from llmgw.admin.store_errors import api_error
-
-        try:
-            return WakeReply(model=model, replicas=fleet.wake_model(model))
-        except (NotFound, Invalid) as e:
-            raise api_error(e) from e
+        # NotFound/Invalid go up as they are: the admin route maps them (store_errors).
+        return WakeReply(model=model, replicas=fleet.wake_model(model))
 
     cp.wake = wake  # POST /internal/v1/wake
     cp.spawn(fleet.run(), "fleet")
