@@ -48,13 +48,13 @@ class Pair:
         self.agent_ports: list[int] = []
         self.agents: dict[str, Proc] = {}
 
-    def server(self, name: str) -> Server:
-        """`llmgw server` with its own admin and agent ports."""
+    def server(self, name: str, models: list[dict[str, Any]] | None = None) -> Server:
+        """`llmgw server` with its own admin and agent ports (and `SIM_MODEL` unless `models`)."""
         agent_port = free_port()
         cfg = self.tmp / f"{name}.yaml"
         cfg.write_text(json.dumps({"control_plane": {"agent_insecure": True,
                                                      "agent_port": agent_port, **HA},
-                                   "models": [SIM_MODEL]}))
+                                   "models": [SIM_MODEL] if models is None else models}))
         proc = start_process([sys.executable, "-m", "llmgw", "server", "--data-dir",
                               str(self.data_dir), "--store", self.store, "--port",
                               str(free_port()), "--config", str(cfg)], READY, timeout=30,
