@@ -93,8 +93,10 @@ class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     Without this section the gateway is open: no key is asked for and no limit applies.
     """
 
-    url: str
-    """The control plane's admin listener, e.g. http://127.0.0.1:8081."""
+    url: str | list[str]
+    """The control plane's admin listener, e.g. http://127.0.0.1:8081; or several control
+    planes on one PostgreSQL (a list, or URLs separated by commas): the gateway talks to one
+    at a time and moves to the next when one cannot be reached or answers 503."""
     data_dir: str | None = None
     """The control plane's data directory: the gateway token and the key-hash secret are
     derived from its `secret`. Else they come from LLMGW_GATEWAY_TOKEN and
@@ -115,17 +117,16 @@ class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     without limits (availability first; the requests are still recorded)."""
 
     def __post_init__(self) -> None:
-        check_http_url(self.url, f"control_plane.url is {self.url!r}")
+        if not self.urls:
+            raise ValueError("control_plane.url is empty; give http://HOST:PORT (or several)")
+        for url in self.urls:
+            check_http_url(url, f"control_plane.url is {url!r}")
 
     @property
-    def host(self) -> str:
-        """The host part of the URL."""
-        return urlsplit(self.url).hostname or ""
-
-    @property
-    def port(self) -> int:
-        """The port part of the URL (80 when absent)."""
-        return urlsplit(self.url).port or 80
+    def urls(self) -> list[str]:
+        """Every control plane's URL, in the order given (the first is tried first)."""
+        given = self.url.split(",") if isinstance(self.url, str) else self.url
+        return [u.strip() for u in given if u.strip()]
 
 
 class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

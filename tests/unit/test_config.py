@@ -74,3 +74,18 @@ def test_with_a_control_plane_aliases_and_routing_may_name_catalog_models(tmp_pa
                  "  routing: {placed: {policy: prefix}}\n")
     cfg = load_server_file(p).gateway
     assert cfg.endpoints == [] and cfg.aliases == {"gpt": "placed"}
+
+
+def test_several_control_planes_as_a_list_or_with_commas(tmp_path: Path) -> None:
+    p = tmp_path / "server.yaml"
+    p.write_text("gateway:\n  control_plane:\n    url: ['http://10.0.0.1:8081', 'http://10.0.0.2:8081']\n")
+    cp = load_server_file(p).gateway.control_plane
+    assert cp is not None and cp.urls == ["http://10.0.0.1:8081", "http://10.0.0.2:8081"]
+    p.write_text("gateway:\n  control_plane: {url: 'http://10.0.0.1:8081, http://10.0.0.2:8081'}\n")
+    cp = load_server_file(p).gateway.control_plane
+    assert cp is not None and cp.urls == ["http://10.0.0.1:8081", "http://10.0.0.2:8081"]
+    p.write_text("gateway:\n  control_plane: {url: ['http://10.0.0.1:8081', 'ftp://x']}\n")
+    with pytest.raises(ConfigError) as e:
+        load_server_file(p)
+    assert str(e.value) == (f"configuration file {p} is invalid: control_plane.url is 'ftp://x'; "
+                            "expected http://HOST:PORT - at `$.gateway.control_plane`")

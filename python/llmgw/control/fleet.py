@@ -734,7 +734,10 @@ async def attach(cp: Any) -> None:
     to `cp.fleet` while it is set (`llmgw.control.agents`)."""
 
     snapshots = cp.snapshots
-    fleet = Fleet(cp.db, cp.settings, cp.config.models, cp.secret,
+    # Fenced: a write made after another control plane took the lease fails (and steps
+    # this one down) instead of overwriting the new leader's fleet.
+    db = cp.leadership.fence(cp.db) if cp.leadership is not None else cp.db
+    fleet = Fleet(db, cp.settings, cp.config.models, cp.secret,
                   poke=snapshots.poke if snapshots is not None else None)
     await fleet.load()
     cp.fleet = fleet

@@ -85,8 +85,16 @@ class PostgresDatabase:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Database]:
         """One pooled connection inside BEGIN ... COMMIT (ROLLBACK on an exception)."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            yield _Conn(conn, self.url)
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                yield _Conn(conn, self.url)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            if isinstance(e.__context__, StoreError):
+                # A statement failed and took the session with it (the server ended it, e.g.
+                # an idle-in-transaction timeout): the ROLLBACK could not be sent and need not
+                # be; the statement's error is the one that says why.
+                raise e.__context__ from None
+            raise StoreError(f"PostgreSQL store: {e}") from e
 
     async def close(self) -> None:
         """Closes the pool."""
