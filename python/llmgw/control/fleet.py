@@ -136,8 +136,7 @@ class Fleet:
         self.db = db
         self.settings = settings
         self.policy = placement.BinPacking()
-        self.timing = reconciler.Settings(unreachable_after=settings.unreachable_after,
-                                          lost_after=settings.lost_after)
+        self.timing = reconciler.Timing.of(settings)
         self.engine_key = engine_key(secret)
         self.poke = poke or (lambda: None)
         """Asks the snapshot publisher to rebuild now (`cp.snapshots.poke`)."""

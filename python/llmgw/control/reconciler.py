@@ -50,11 +50,6 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True):
         return cls(unreachable_after=settings.unreachable_after, lost_after=settings.lost_after)
 
 
-Settings = Timing
-"""The name `control/fleet.py` builds the view by (`reconciler.Settings(unreachable_after=...,
-lost_after=...)` of its Settings); new code says `Timing.of(settings)`."""
-
-
 class Want(msgspec.Struct, frozen=True, kw_only=True):
     """A model and how many replicas of it should run."""
 
