@@ -81,9 +81,7 @@ pub struct RoutingConfig {
     pub weights: Weights,
     /// Load bound, absolute part: a replica is passed over for the cache when
     /// taking the request would leave it more than `guard_abs` outstanding
-    /// requests above the mean of the candidates (this request counted)
-    /// and more than 2 (so that two overlapping requests of one prefix
-    /// always share a replica)...
+    /// requests above the mean of the candidates (this request counted)...
     pub guard_abs: f64,
     /// ...and above `guard_rel` times that mean. Both must hold, so that a
     /// small count on an idle model (2 against a mean of 0.5) does not throw
@@ -113,7 +111,7 @@ impl Default for RoutingConfig {
         Self {
             policy: PolicyKind::default(),
             weights: Weights::default(),
-            guard_abs: 1.0,
+            guard_abs: 1.5,
             guard_rel: 1.25,
             min_match: 0.1,
             tree_max_bytes: 16 << 20,

@@ -45,28 +45,16 @@ fn least_load(cands: &[Cand]) -> usize {
 /// took a request; in precise mode it spans a few blocks of a long prompt.
 const TIE: usize = 32;
 
-/// Outstanding requests a replica may always hold for its cache, whatever the
-/// mean: two overlapping requests of one conversation or prefix share a
-/// replica even on an idle fleet.
-const SHARE: f64 = 2.0;
-
 /// The load bound of one decision: a replica may be preferred for its cache or
 /// score while its outstanding requests, this one included, are at most
-/// `max(guard_rel * mean, mean + guard_abs, SHARE)`, where `mean` is the
-/// candidates' mean with this request counted. Relative to the mean, the bound
-/// is tight where balance matters (a busy model) and loose on an idle one,
-/// where a hit is worth more than spreading two requests.
-///
-/// `SHARE` is what lets `guard_abs` be 1 rather than 1.5: with 1 alone, two
-/// overlapping requests on an idle fleet of four (mean 0.5, bound 1.5) were
-/// split, and with 1.5 a busy fleet's replicas ran up to the next whole
-/// request above the mean + 1 whenever the mean's fraction was .5 or more
-/// (5 at a mean of 3.5), which kept `kv` at 1.31-1.35 load imbalance on the
-/// routing bench (bench/README.md).
+/// `max(guard_rel * mean, mean + guard_abs)`, where `mean` is the candidates'
+/// mean with this request counted. Relative to the mean, the bound is tight
+/// where balance matters (a busy model) and loose on an idle one, where a hit
+/// is worth more than spreading two requests.
 fn bound(cands: &[Cand], c: &RoutingConfig) -> f64 {
     let sum = cands.iter().fold(0u64, |s, c| s.saturating_add(c.load));
     let mean = (sum as f64 + 1.0) / cands.len().max(1) as f64;
-    (mean * c.guard_rel).max(mean + c.guard_abs).max(SHARE)
+    (mean * c.guard_rel).max(mean + c.guard_abs)
 }
 
 /// True when a replica with `load` outstanding may not take one more.
