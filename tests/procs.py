@@ -189,4 +189,5 @@ def chat(url: str, key: str | None, model: str = "sim-model") -> int:
             assert json.loads(resp.read())["object"] == "chat.completion"
             return int(resp.status)
     except urllib.error.HTTPError as exc:
+        exc.close()  # its connection, else a ResourceWarning when collected
         return int(exc.code)

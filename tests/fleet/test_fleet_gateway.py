@@ -192,4 +192,5 @@ def _chat(url: str, key: str, messages: list[dict[str, str]] | None) -> int:
             resp.read()
             return int(resp.status)
     except urllib.error.HTTPError as exc:
+        exc.close()  # its connection, else a ResourceWarning when collected
         return int(exc.code)
