@@ -10,7 +10,11 @@ in front of the same upstream as plain `llmgw`. The load generator sends the key
 
 After the rounds, `usage_check` compares what the control plane counted (`GET
 /api/v1/usage?by=project&since=1h`) with the 200s the gateway itself says it answered
-(its `llmgw_requests_total{status="ok"}`): exact usage means they are equal.
+(its `llmgw_requests_total{status="ok"}`): exact usage means they are equal. It also
+says what the control plane spent per counted request (`llmgw_keys_cp_cpu_us`): its
+CPU from `start_cpu` (before the rounds) to the end of the check, less what it spends
+idle (measured by `start_cpu`, about 0-5 ms a second: snapshot polls, settle loop).
+The gateway's CPU per request is in the throughput figures.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.procs import Server, free_port
+from bench.procs import Server, free_port, group_pids
 from llmgw.cli.ctl.client import Client
 from llmgw.control.datadir import read_admin_token
 
@@ -75,6 +79,26 @@ class Keyed:
         ]
         self.gateway = Server(NAME, self.gateway_args, gport)
         self.gateway.wait_ready(60, "/health", "llmgw gateway listening on")
+        self._cpu0 = self._t0 = self._idle = 0.0
+
+    def _cp_cpu(self) -> float:
+        # schedstat's nanoseconds, not stat's 10 ms ticks: the idle rate (a few ms a
+        # second) is scaled by the whole run, and a tick of error there was ~5 µs a request.
+        total = 0
+        for pid in group_pids(self.server.pid):
+            for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+                try:
+                    total += int(task.read_text().split()[0])
+                except (OSError, ValueError, IndexError):
+                    pass  # a thread that just ended
+        return total / 1e9
+
+    def start_cpu(self, idle_s: float = 2.0) -> None:
+        """Measures the control plane's idle CPU rate, then starts counting its CPU."""
+        c0, t0 = self._cp_cpu(), time.monotonic()
+        time.sleep(idle_s)
+        self._cpu0, self._t0 = self._cp_cpu(), time.monotonic()
+        self._idle = (self._cpu0 - c0) / (self._t0 - t0)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         answer = self.admin.call(
@@ -112,10 +136,15 @@ class Keyed:
         while counted != ok and time.monotonic() < deadline:
             time.sleep(0.5)  # the gateway ships a batch every fraction of a second
             counted = self.counted()
+        cp_cpu: float | None = None
+        if self._t0 and counted:
+            spent = self._cp_cpu() - self._cpu0 - self._idle * (time.monotonic() - self._t0)
+            cp_cpu = max(spent, 0.0) / counted * 1e6
         return {
             "llmgw_keys_gateway_ok": float(ok),
             "llmgw_keys_usage_counted": float(counted),
             "llmgw_keys_usage_exact": 1.0 if counted == ok else 0.0,
+            "llmgw_keys_cp_cpu_us": cp_cpu,
         }
 
     def stop(self) -> None:

@@ -3,6 +3,8 @@
 Every server runs in its own session, so its process group holds it and every
 worker it forks (granian); stopping it signals the whole group, and its memory
 and CPU are the sum over the group. psutil is not needed: /proc is enough.
+Starting one (`spawn`) and picking a port (`free_port`) are the tests' own
+(tests/procs.py): one way to run a server group in this repository.
 """
 
 from __future__ import annotations
@@ -16,14 +18,11 @@ import time
 from pathlib import Path
 from typing import Self
 
+from tests.procs import free_port, spawn
+
+__all__ = ["Sampler", "Server", "cpu_seconds", "free_port", "group_pids", "http_ok", "rss_bytes"]
+
 _TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
@@ -42,17 +41,7 @@ class Server:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.lines: list[str] = []
-        self.popen = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
+        self.popen = spawn(args, env, cwd)
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _drain(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,8 @@ def run_scenario(args: argparse.Namespace) -> int:
             order = ["llmgw"]
         else:
             plan = schedule(live, levels, rounds)
+            if stack.keyed is not None and KEYED in live:
+                stack.keyed.start_cpu()
             all_rounds = run_rounds(
                 stack, plan, round_s=round_s, stream=sc.stream, max_tokens=tokens
             )
@@ -213,6 +216,13 @@ def _figures(
                 out[f"llmgw_minus_vllm_router_p99_ms_c{lvl}"] = (
                     a.p99_ms["median"] - b.p99_ms["median"]
                 )
+            # CPU per request (µs), the median over rounds of each round's CPU / req/s: what
+            # the gateway spends whatever the wall rate a busy machine let it reach.
+            for g in ("llmgw", KEYED):
+                per = [r.server_cpu / r.result.rps * 1e6 for r in rounds
+                       if r.target == g and r.concurrency == lvl and r.server_cpu and r.result.rps > 0]
+                if per:
+                    out[f"{g.replace('-', '_')}_gateway_cpu_us_c{lvl}"] = statistics.median(per)
             k = by.get((KEYED, lvl))
             if a and k and a.rps["median"] > 0:
                 # Issue 5: keys, limits and usage on cost at most 10% (rps ratio >= 0.9).

@@ -1,13 +1,18 @@
-"""Start real server processes for tests and always clean them up.
+"""Start real server processes for tests and always clean them up; wait for them; talk to them.
 
 `start_process` runs a command in its own session (process group), waits
 until a line of its merged stdout/stderr contains `ready_line`, and returns a
 `Proc`. Leaving the `with` block (or calling `kill()`) stops the whole group,
-so server workers forked by the child (granian) go too.
+so server workers forked by the child (granian) go too. The bench starts its
+servers with the same `spawn` and `free_port` (bench/procs.py).
+
+`wait_for`, `killpg` and `chat` are the one poll, kill and chat-completion helpers of
+the process tests (tests/fleet, tests/agent, ...).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -15,10 +20,14 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, TypeVar
 
 _URL = re.compile(r"https?://(\[[^\]]+\]|[^\s:/]+):(\d+)")
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -95,6 +104,23 @@ class Proc:
         self.terminate()
 
 
+def spawn(args: list[str], env: dict[str, str] | None = None,
+          cwd: str | None = None) -> subprocess.Popen[str]:
+    """`args` in its own session (so its group holds every worker it forks), stdout and
+    stderr merged into one line-buffered text pipe that the caller must drain."""
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        bufsize=1,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+
+
 def start_process(
     args: list[str],
     ready_line: str,
@@ -107,16 +133,7 @@ def start_process(
     `.port`/`.url` come from the first URL in the ready line, else from `port`,
     else from a `--port N` argument.
     """
-    popen = subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        bufsize=1,
-        env=env,
-        start_new_session=True,
-    )
+    popen = spawn(args, env)
     proc = Proc(popen, args)
     proc._ready_line = ready_line
     if port is None and "--port" in args:
@@ -136,3 +153,41 @@ def start_process(
             f"(exit {popen.returncode}); output:\n{proc.output}"
         )
     return proc
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 20.0) -> T:
+    """`fn()`'s first truthy answer, asked every 0.1 s; fails naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout}s: {what} (last: {last!r})")
+
+
+def killpg(pid: int) -> None:
+    """SIGKILL a process group (an engine, an agent); nothing if it is gone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def chat(url: str, key: str | None, model: str = "sim-model") -> int:
+    """POST a short chat completion to `url` (an engine or a gateway); its HTTP status. A 2xx
+    must be a chat completion."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 4}).encode()
+    headers = {"content-type": "application/json"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(f"{url}/v1/chat/completions", body, headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert json.loads(resp.read())["object"] == "chat.completion"
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()  # its connection, else a ResourceWarning when collected
+        return int(exc.code)

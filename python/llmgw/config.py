@@ -24,6 +24,17 @@ class ConfigError(Exception):
     """A configuration the gateway cannot run with; the message is for the operator."""
 
 
+def check_http_url(url: str, what: str) -> None:
+    """ValueError `{what}; expected http://HOST:PORT` unless `url` is http://HOST[:PORT].
+
+    The one check of every URL the gateway is configured with (endpoints, control planes);
+    `what` names the field and its value for the operator.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"{what}; expected http://HOST:PORT")
+
+
 class Endpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One engine replica: an OpenAI-compatible HTTP server and the models it serves."""
 
@@ -36,11 +47,7 @@ class Endpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Its replay endpoint, e.g. tcp://10.0.0.5:5558; without it a lost batch drops the replica's entries."""
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(
-                f"endpoint {self.id!r} has url {self.url!r}; expected http://HOST:PORT"
-            )
+        check_http_url(self.url, f"endpoint {self.id!r} has url {self.url!r}")
         if not self.models:
             raise ValueError(f"endpoint {self.id!r} serves no model; give at least one")
 
@@ -89,8 +96,10 @@ class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     Without this section the gateway is open: no key is asked for and no limit applies.
     """
 
-    url: str
-    """The control plane's admin listener, e.g. http://127.0.0.1:8081."""
+    url: str | list[str]
+    """The control plane's admin listener, e.g. http://127.0.0.1:8081; or several control
+    planes on one PostgreSQL (a list, or URLs separated by commas): the gateway talks to one
+    at a time and moves to the next when one cannot be reached or answers 503."""
     data_dir: str | None = None
     """The control plane's data directory: the gateway token and the key-hash secret are
     derived from its `secret`. Else they come from LLMGW_GATEWAY_TOKEN and
@@ -111,19 +120,16 @@ class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     without limits (availability first; the requests are still recorded)."""
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"control_plane.url is {self.url!r}; expected http://HOST:PORT")
+        if not self.urls:
+            raise ValueError("control_plane.url is empty; give http://HOST:PORT (or several)")
+        for url in self.urls:
+            check_http_url(url, f"control_plane.url is {url!r}")
 
     @property
-    def host(self) -> str:
-        """The host part of the URL."""
-        return urlsplit(self.url).hostname or ""
-
-    @property
-    def port(self) -> int:
-        """The port part of the URL (80 when absent)."""
-        return urlsplit(self.url).port or 80
+    def urls(self) -> list[str]:
+        """Every control plane's URL, in the order given (the first is tried first)."""
+        given = self.url.split(",") if isinstance(self.url, str) else self.url
+        return [u.strip() for u in given if u.strip()]
 
 
 class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -116,8 +116,13 @@ class Snapshot(msgspec.Struct, kw_only=True):
     """Ready replicas, added to the gateway's own `endpoints`; draining ones are already gone."""
 
 
-class UsageRecord(msgspec.Struct, omit_defaults=False, kw_only=True):
-    """What one request used and how it went."""
+class UsageRecord(msgspec.Struct, omit_defaults=False, kw_only=True, gc=False):
+    """What one request used and how it went.
+
+    gc=False (here and in UsageOpen): the fields are strings, numbers and bytes, which
+    cannot form a reference cycle, so the collector need not track the records a gateway
+    holds between posts or the thousand a control plane decodes per batch.
+    """
 
     request_id: str
     model: str
@@ -154,7 +159,7 @@ class UsageRecord(msgspec.Struct, omit_defaults=False, kw_only=True):
     (request_body NULL and response_body None otherwise)."""
 
 
-class UsageOpen(msgspec.Struct, kw_only=True):
+class UsageOpen(msgspec.Struct, kw_only=True, gc=False):
     """A request forwarded to a replica and not finished yet: sent at once, so that a gateway
     killed mid-request leaves a row the control plane settles (status `interrupted`)."""
 

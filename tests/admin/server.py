@@ -57,13 +57,22 @@ class Server:
 
 
 def start_server(tmp_path: Path, store: str | None = None, *extra: str,
-                 port: int | None = None) -> Server:
-    """`llmgw server` on a free port with a fresh data dir under tmp_path."""
+                 port: int | None = None, config: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None) -> Server:
+    """`llmgw server` on a free port with a fresh data dir under tmp_path: the one way the
+    tests start a control plane (tests/fleet's `Fleet` too).
+
+    `config` is written to tmp_path/server.yaml and passed with --config; `env` replaces
+    the environment (the fleet's agents need `tests.sim.util.sim_env`)."""
     data_dir = tmp_path / "data"
     args = [sys.executable, "-m", "llmgw", "server", "--data-dir", str(data_dir),
             "--port", str(port or free_port()), *extra]
     if store is not None:
         args += ["--store", store]
-    proc = start_process(args, READY, timeout=30)
+    if config is not None:
+        path = tmp_path / "server.yaml"
+        path.write_text(json.dumps(config))  # YAML reads JSON
+        args += ["--config", str(path)]
+    proc = start_process(args, READY, timeout=30, env=env)
     token = (data_dir / "admin-token").read_text().strip()
     return Server(proc, proc.url, data_dir, token)

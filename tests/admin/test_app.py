@@ -48,6 +48,12 @@ async def take(req: Request) -> Thing:
     return req.body if req.body is not None else Thing("none")
 
 
+async def clean(req: Request) -> dict[str, bool]:
+    """What the app says of the body's strings, and whether the name holds a NUL after all."""
+    assert isinstance(req.body, Thing)
+    return {"text_clean": req.text_clean, "nul": "\x00" in req.body.name}
+
+
 async def rows(req: Request) -> list[Row]:
     return [Row("2026-11-01", 3, "llama"), Row("2026-11-02", 0)]
 
@@ -77,6 +83,8 @@ STANDINS = [
     Route("GET", "/api/v1/raw", "Raw", raw, response=Raw),
     Route("POST", "/internal/v1/things", "Internal", take, request=Thing, response=Thing,
           internal=True, optional_body=True),
+    Route("POST", "/internal/v1/clean", "Internal, reports text_clean", clean, request=Thing,
+          internal=True),
 ]
 
 
@@ -231,6 +239,23 @@ def test_internal_routes_take_the_gateway_token_only(client: Client) -> None:
     assert (status, body) == (200, {"name": "m", "size": 1})
 
 
+def test_a_body_is_text_clean_only_when_it_cannot_hold_a_nul(client: Client) -> None:
+    # Handlers that store every string (usage batches) skip checking each one when this holds.
+    def ask(body: bytes, **kw: Any) -> Any:
+        status, answer, _ = client("POST", "/internal/v1/clean", body, token="gateway", **kw)
+        assert status == 200, answer
+        return answer
+
+    assert ask(b'{"name": "caf\xc3\xa9 \\u00e9 \\ud83d\\ude00"}') == {"text_clean": True, "nul": False}
+    assert ask(b'{"name": "a\\u0000b"}') == {"text_clean": False, "nul": True}
+    # Lone surrogates and raw control characters never decode: no clean body can hold them.
+    for bad in (b'{"name": "\\ud800"}', b'{"name": "\\udc00"}', b'{"name": "a\x00b"}'):
+        assert client("POST", "/internal/v1/clean", bad, token="gateway")[0] == 400
+    # MessagePack strings may hold a raw NUL: never clean.
+    packed = msgspec.msgpack.encode({"name": "a\x00b"})
+    assert ask(packed, headers={"content-type": "application/msgpack"}) == {"text_clean": False, "nul": True}
+
+
 def test_a_client_request_id_is_kept_only_when_safe(client: Client) -> None:
     assert client("GET", "/api/v1/raw", headers={"x-request-id": "abc-123"})[2]["x-request-id"] == "abc-123"
     assert client("GET", "/api/v1/raw", headers={"x-request-id": "a\nb"})[2]["x-request-id"] != "a\nb"
@@ -252,3 +277,32 @@ def test_a_table_with_a_route_twice_is_refused(tmp_path: Path) -> None:
     cfg = ServerConfig(data_dir=str(tmp_path), store="sqlite://:memory:")
     with pytest.raises(ValueError, match="twice"):
         AdminApp(ControlPlane(cfg, [*META, *META]))
+
+
+def test_a_usage_batch_is_cleaned_unless_its_body_was_text_clean() -> None:
+    from types import SimpleNamespace
+
+    from llmgw.admin import internal
+    from llmgw.wire import UsageBatch, UsageOpen
+
+    got: list[UsageBatch] = []
+
+    async def ingest(batch: UsageBatch) -> None:
+        got.append(batch)
+
+    def post(batch: UsageBatch, text_clean: bool) -> None:
+        req = Request(method="POST", path="/internal/v1/usage", path_params={}, query={}, body=batch,
+                      actor="gateway", db=None, state=SimpleNamespace(ingest_usage=ingest),  # type: ignore[arg-type]
+                      text_clean=text_clean)
+        asyncio.run(internal.usage(req))
+
+    def batch() -> UsageBatch:
+        return UsageBatch(gateway_id="gw", opens=[UsageOpen(request_id="r1", model="m\x00", started_at=1.0,
+                                                            prompt_estimate=1)])
+
+    post(batch(), text_clean=False)
+    assert got[-1].opens[0].model == "m\ufffd"
+    clean = batch()
+    clean.opens[0].model = "m"
+    post(clean, text_clean=True)
+    assert got[-1] is clean and got[-1].opens[0].model == "m"

@@ -3,42 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import sys
-import urllib.error
-import urllib.request
 
 from llmgw.v1 import agent_pb2 as pb
 from tests.agent.fakes import sync
 from tests.agent.stub_cp import StubControlPlane
-from tests.procs import free_port
+from tests.procs import chat, free_port, killpg
 from tests.sim.util import sim_env
 
 READY, STARTING, PENDING = pb.REPLICA_STATE_READY, pb.REPLICA_STATE_STARTING, pb.REPLICA_STATE_PENDING
 PARKED, DRAINING, STOPPED = pb.REPLICA_STATE_PARKED, pb.REPLICA_STATE_DRAINING, pb.REPLICA_STATE_STOPPED
-
-
-def chat(port: int, key: str | None) -> int:
-    body = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}).encode()
-    headers = {"content-type": "application/json"}
-    if key:
-        headers["authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body, headers)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            assert json.loads(resp.read())["object"] == "chat.completion"
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-
-
-def killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def start(rid: str) -> dict[str, object]:
@@ -73,8 +48,8 @@ async def test_agent_end_to_end() -> None:
         ready = await cp.status("r1", READY)
         assert low <= ready.port <= low + 20 and ready.engine_pid
         pids.add(ready.engine_pid)
-        assert await asyncio.to_thread(chat, ready.port, "k-e2e") == 200
-        assert await asyncio.to_thread(chat, ready.port, None) == 401
+        assert await asyncio.to_thread(chat, f"http://127.0.0.1:{ready.port}", "k-e2e") == 200
+        assert await asyncio.to_thread(chat, f"http://127.0.0.1:{ready.port}", None) == 401
         beat = (await cp.expect(lambda m: m.WhichOneof("msg") == "heartbeat")).heartbeat
         assert [r.replica_id for r in beat.replicas] == ["r1"] and len(beat.gpus) == 2
 
@@ -117,7 +92,7 @@ async def test_agent_end_to_end() -> None:
         reg2 = (await cp2.expect(lambda m: m.WhichOneof("msg") == "register", timeout=20)).register
         assert reg2.node_id == "n1" and reg2.boot_id == reg.boot_id
         assert {(r.replica_id, r.state) for r in reg2.replicas} == {("r1", PARKED), ("r3", READY)}
-        assert await asyncio.to_thread(chat, r3.port, "k-e2e") == 200  # untouched by the cut
+        assert await asyncio.to_thread(chat, f"http://127.0.0.1:{r3.port}", "k-e2e") == 200  # untouched by the cut
         await cp2.stop()
 
         agent.send_signal(signal.SIGTERM)  # the agent drains its engines and exits

@@ -6,10 +6,9 @@ import asyncio
 import signal
 
 import msgspec
-import pytest
 
 from llmgw.agent.engines import LaunchRequest
-from llmgw.agent.supervisor import ReplicaInfo, ShuttingDownError, Supervisor, SupervisorSettings
+from llmgw.agent.supervisor import ReplicaInfo, Supervisor, SupervisorSettings
 from tests.agent.fakes import FakeClock, FakeEngines, sync
 
 REQ = LaunchRequest(replica_id="r1", model="m", engine="sim", port=0, host="")
@@ -18,7 +17,8 @@ REQ = LaunchRequest(replica_id="r1", model="m", engine="sim", port=0, host="")
 def make(**settings: object) -> tuple[Supervisor, FakeEngines, FakeClock, list[ReplicaInfo]]:
     engines, clock = FakeEngines(), FakeClock()
     seen: list[ReplicaInfo] = []
-    sup = Supervisor(SupervisorSettings(port_range=(20000, 20009), engine_host="127.0.0.1", **settings),  # type: ignore[arg-type]
+    settings = {"port_range": (20000, 20009), "engine_host": "127.0.0.1", **settings}
+    sup = Supervisor(SupervisorSettings(**settings),  # type: ignore[arg-type]
                      seen.append, clock=clock, spawn=engines.spawn, probe=engines.probe,
                      port_free=lambda host, port: port != 20000)  # fmt: skip
     return sup, engines, clock, seen
@@ -65,14 +65,25 @@ async def test_start_ready_stop() -> None:
 
 @sync
 async def test_close_drains_and_refuses_later_starts() -> None:
-    sup, engines, _, _ = make()
+    sup, engines, _, seen = make()
     sup.start(REQ)
     await settle(sup, "r1", "ready")
     await sup.close(drain_s=5)
     assert engines.procs[0].signals == [signal.SIGTERM] and sup.statuses() == []
-    with pytest.raises(ShuttingDownError, match="shutting down"):
-        sup.start(msgspec.structs.replace(REQ, replica_id="r2"))
+    seen.clear()
+    info = sup.start(msgspec.structs.replace(REQ, replica_id="r2"))
+    assert (info.state, info.reason) == ("parked", "cannot start: the agent is shutting down")
+    assert seen == [info]  # reported as any other change, and kept nowhere
     assert len(engines.launches) == 1 and sup.statuses() == []
+
+
+@sync
+async def test_no_free_port_parks_the_replica_with_the_reason() -> None:
+    sup, engines, _, seen = make(port_range=(20000, 20001))
+    sup.start(REQ)  # 20000 is taken, 20001 is the engine's; its KV event ports find none
+    info = await settle(sup, "r1", "parked")
+    assert info.reason == "cannot start: no free port in 20000-20001 for an engine"
+    assert seen == [info] and sup.statuses() == [info] and engines.launches == []
 
 
 @sync

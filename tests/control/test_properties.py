@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 from llmgw.control.catalog import Model, Profile, Source
 from llmgw.control.inventory import RESERVING, Gpu, Node, Observed
 from llmgw.control.placement import BinPacking, Capacity, Placement
-from llmgw.control.reconciler import Publish, Settings, Start, Unplaced, Want, apply, plan
+from llmgw.control.reconciler import Publish, Start, Timing, Unplaced, Want, apply, plan
+from llmgw.control.settings import Settings
 
 GiB = 2**30
 CLASSES = ("H100-80GB", "A100-40GB")
-SETTINGS = Settings(unreachable_after=30, lost_after=120)
+SETTINGS = Timing.of(Settings(unreachable_after=30, lost_after=120))
 NOW = 10_000.0
 
 

@@ -15,9 +15,9 @@ from llmgw.control.reconciler import (
     MarkNode,
     MarkReplica,
     Publish,
-    Settings,
     Start,
     Stop,
+    Timing,
     Unplaced,
     Unpublish,
     Want,
@@ -26,10 +26,11 @@ from llmgw.control.reconciler import (
     wake,
     wanted,
 )
+from llmgw.control.settings import Settings
 from tests.control.fleet import GiB, model, node, profile, replica
 
 T0 = 1000.0
-SETTINGS = Settings(unreachable_after=30, lost_after=120)
+SETTINGS = Timing.of(Settings(unreachable_after=30, lost_after=120))
 
 
 def run(
@@ -283,5 +284,10 @@ def test_replica_ids_are_never_reused_while_known() -> None:
 
 
 def test_settings_refuse_lost_before_unreachable() -> None:
+    # The check lives in the control plane's Settings, the one source of the timing.
     with pytest.raises(ValueError, match="lost_after"):
         Settings(unreachable_after=60, lost_after=30)
+
+
+def test_timing_is_the_control_planes() -> None:
+    assert Timing.of(Settings()) == Timing(unreachable_after=30.0, lost_after=120.0)

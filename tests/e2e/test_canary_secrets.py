@@ -31,7 +31,8 @@ def _http(url: str, body: dict[str, object] | None = None, headers: dict[str, st
         with urllib.request.urlopen(req, timeout=15) as r:
             return int(r.status), "".join(f"{k}: {v}\n" for k, v in r.headers.items()) + r.read().decode()
     except urllib.error.HTTPError as e:
-        return int(e.code), "".join(f"{k}: {v}\n" for k, v in e.headers.items()) + e.read().decode()
+        with e:  # closes its connection: a collected one warns
+            return int(e.code), "".join(f"{k}: {v}\n" for k, v in e.headers.items()) + e.read().decode()
 
 
 def _needles(secret: str) -> list[str]:

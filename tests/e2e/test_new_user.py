@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 
 import openai
-import pytest
 
-from tests.procs import free_port, start_process
+from tests.procs import free_port, start_process, wait_for
 
 REVOKE_DEADLINE = 2.0
 
@@ -42,16 +41,6 @@ def ask(base_url: str, key: str, rid: str) -> str:
         model="sim-model", messages=[{"role": "user", "content": "hello"}],
         extra_headers={"x-request-id": rid})
     return resp.choices[0].message.content or ""
-
-
-def until(predicate: object, timeout: float, what: str) -> None:
-    """Waits for an eventually-true condition (usage leaves gateways in batches)."""
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {timeout}s")
-        time.sleep(0.1)
 
 
 def test_issue_use_account_revoke(tmp_path: Path) -> None:
@@ -79,7 +68,7 @@ def test_issue_use_account_revoke(tmp_path: Path) -> None:
             rows = json.loads(out.stdout) if out.returncode == 0 else []
             return any(r["path"] == "default/default/default" and r["requests"] == 2 for r in rows)
 
-        until(usage_counts, 10, "both requests showing in `ctl usage`")
+        wait_for("both requests showing in `ctl usage`", usage_counts, 10)
         export = ctl(data_dir, admin_port, "usage", "export", "--by", "project,key", "--period", "day")
         assert export.returncode == 0, export.stderr
         rows = list(csv.DictReader(io.StringIO(export.stdout)))

@@ -4,25 +4,23 @@ with simulated GPUs that start real simulator engines."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-from tests.admin.server import READY, Server
-from tests.procs import Proc, free_port, start_process
+from tests.admin.server import start_server
+from tests.procs import Proc, chat, free_port, killpg, start_process, wait_for
 from tests.sim.util import sim_env
 
+__all__ = ["AGENT_READY", "FAST", "SIM_MODEL", "Fleet", "chat", "fleet_factory", "killpg",
+           "wait_for"]
+"""`chat`, `killpg` and `wait_for` live in tests.procs; importing them from here still works."""
+
 AGENT_READY = "llmgw-agent registered"
-T = TypeVar("T")
 
 SIM_MODEL = {
     "name": "sim-model",
@@ -37,44 +35,17 @@ FAST = {"reconcile_every": 0.2, "heartbeat_interval": 0.25, "unreachable_after":
         "restart_backoff_initial": 0.2, "restart_backoff_max": 1, "drain_timeout": 2}
 
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 20.0) -> T:
-    """`fn()`'s first truthy answer, asked every 0.1 s; fails naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout}s: {what} (last: {last!r})")
-
-
-def killpg(pid: int) -> None:
-    """SIGKILL a process group; nothing if it is gone."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 class Fleet:
     """`llmgw server` on a free admin port and agent port, and the agents started against it."""
 
     def __init__(self, tmp: Path, models: list[dict[str, Any]], **settings: Any) -> None:
         self.tmp = tmp
         self.agent_port = free_port()
-        cfg = tmp / "server.yaml"
-        cfg.write_text(json.dumps({
+        self.server = start_server(tmp, config={
             "control_plane": {"agent_insecure": True, "agent_port": self.agent_port, **FAST,
                               **settings},
             "models": models,
-        }))
-        data_dir = tmp / "data"
-        proc = start_process([sys.executable, "-m", "llmgw", "server", "--data-dir", str(data_dir),
-                              "--port", str(free_port()), "--config", str(cfg)], READY,
-                             timeout=30, env=sim_env())
-        self.server = Server(proc, proc.url, data_dir,
-                             (data_dir / "admin-token").read_text().strip())
+        }, env=sim_env())
         self.agents: dict[str, Proc] = {}
 
     def agent(self, node_id: str, gpus: str = "2xH100-80GB") -> Proc:
@@ -147,19 +118,3 @@ def fleet_factory(tmp_path: Path) -> Iterator[Callable[..., Fleet]]:
     yield make
     for f in made:
         f.stop()
-
-
-def chat(url: str, key: str | None, model: str = "sim-model") -> int:
-    """POST a chat completion to an engine; its HTTP status."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}],
-                       "max_tokens": 4}).encode()
-    headers = {"content-type": "application/json"}
-    if key:
-        headers["authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(f"{url}/v1/chat/completions", body, headers)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            assert json.loads(resp.read())["object"] == "chat.completion"
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)

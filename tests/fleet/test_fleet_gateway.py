@@ -25,13 +25,18 @@ from tests.sim.util import sim_env
 _HEALTHY = re.compile(r'^llmgw_replica_healthy\{replica="([^"]+)"\} ', re.MULTILINE)
 
 
-def _issue_key(f: Fleet) -> str:
+Post = Callable[[str, dict[str, Any]], tuple[int, Any]]
+
+
+def issue_key(post: Post, name: str = "load", *, first: bool = True) -> str:
+    """A new API key of the project acme/ml/chat, made (when `first`) through `post` (an admin
+    POST answering (status, JSON))."""
     for path, body in (("/api/v1/orgs", {"name": "acme"}),
                        ("/api/v1/teams", {"org": "acme", "name": "ml"}),
-                       ("/api/v1/projects", {"team": "acme/ml", "name": "chat"})):
-        status, doc = f.post(path, body)
+                       ("/api/v1/projects", {"team": "acme/ml", "name": "chat"})) if first else ():
+        status, doc = post(path, body)
         assert status == 201, (path, status, doc)
-    status, issued = f.post("/api/v1/keys", {"project": "acme/ml/chat", "name": "load"})
+    status, issued = post("/api/v1/keys", {"project": "acme/ml/chat", "name": name})
     assert status == 201, issued
     key: str = issued["key"]
     return key
@@ -55,36 +60,37 @@ def _routed(gateway: Proc) -> set[str]:
 
 class Load:
     """Threads sending chat completions through the gateway, one after another, recording
-    (start, end, status) of each until stopped."""
+    (start, end, status, why, request id) of each until stopped."""
 
     def __init__(self, url: str, key: str, threads: int = 4) -> None:
         self.url, self.key = url, key
-        self.done: list[tuple[float, float, int, str]] = []
+        self.done: list[tuple[float, float, int, str, str]] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
         for t in self._threads:
             t.start()
 
-    def _one(self) -> tuple[int, str]:
+    def _one(self) -> tuple[int, str, str]:
         body = b'{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":8}'
         req = urllib.request.Request(f"{self.url}/v1/chat/completions", body, {
             "content-type": "application/json", "authorization": f"Bearer {self.key}"})
         try:
             with urllib.request.urlopen(req, timeout=15) as resp:
                 resp.read()
-                return int(resp.status), ""
+                return int(resp.status), "", resp.headers.get("x-request-id", "")
         except urllib.error.HTTPError as exc:
-            return int(exc.code), exc.read().decode(errors="replace")[:300]
+            return (int(exc.code), exc.read().decode(errors="replace")[:300],
+                    exc.headers.get("x-request-id", ""))
         except OSError as exc:
-            return 0, repr(exc)
+            return 0, repr(exc), ""
 
     def _run(self) -> None:
         while not self._stop.is_set():
             start = time.monotonic()
-            status, why = self._one()
-            self.done.append((start, time.monotonic(), status, why))
+            status, why, rid = self._one()
+            self.done.append((start, time.monotonic(), status, why, rid))
 
-    def stop(self) -> list[tuple[float, float, int, str]]:
+    def stop(self) -> list[tuple[float, float, int, str, str]]:
         self._stop.set()
         for t in self._threads:
             t.join(20)
@@ -104,7 +110,7 @@ def test_no_request_fails_after_the_gateway_learned_a_node_was_lost(
     try:
         wait_for("the gateway routes to both replicas",
                  lambda: _routed(gateway) == {r["id"] for r in ready})
-        key = _issue_key(f)
+        key = issue_key(f.post)
         wait_for("the key known to the gateway", lambda: _chat(gateway.url, key, None) == 404)
         load = Load(gateway.url, key)
         wait_for("requests flowing", lambda: len(load.done) >= 20)
@@ -153,7 +159,7 @@ def test_kv_events_of_placed_engines_reach_the_gateway_and_route_a_shared_prefix
     gateway = _gateway(f, {"routing": {"sim-model": {"policy": "kv", "tokenizer": TOKENIZER}}})
     try:
         wait_for("the gateway routes to both replicas", lambda: len(_routed(gateway)) == 2)
-        key = _issue_key(f)
+        key = issue_key(f.post)
         # A new key reaches the gateway with the next snapshot, within a second or so.
         wait_for("the key known to the gateway", lambda: _chat(gateway.url, key, None) == 404)
         turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "first"}]
@@ -186,4 +192,5 @@ def _chat(url: str, key: str, messages: list[dict[str, str]] | None) -> int:
             resp.read()
             return int(resp.status)
     except urllib.error.HTTPError as exc:
+        exc.close()  # its connection, else a ResourceWarning when collected
         return int(exc.code)

@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tests.fleet.conftest import SIM_MODEL, Fleet, wait_for
+from tests.fleet.conftest import SIM_MODEL, Fleet
+from tests.procs import wait_for
 
 
 def _node_state(f: Fleet, node: str) -> str:

@@ -22,7 +22,7 @@ from llmgw.agent.join import JoinError, join
 from llmgw.control import pki
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1.agent_pb2_grpc import AgentServiceStub
-from tests.admin.server import READY, Server
+from tests.admin.server import Server, start_server
 from tests.fleet.conftest import AGENT_READY, FAST, wait_for
 from tests.procs import Proc, free_port, start_process
 from tests.sim.util import sim_env
@@ -79,18 +79,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     done = llmgw("server", "init", "--data-dir", str(data))
     assert done.returncode == 0, done.stderr
     agent_port, join_port = free_port(), free_port()
-    cfg = tmp_path / "server.yaml"
-    cfg.write_text(json.dumps({"control_plane": {"agent_port": agent_port,
-                                                 "agent_join_port": join_port, **FAST}}))
-    proc = start_process([sys.executable, "-m", "llmgw", "server", "--data-dir", str(data),
-                          "--port", str(free_port()), "--config", str(cfg)], READY, timeout=30,
-                         env=sim_env())
-    c = Cluster(tmp_path, Server(proc, proc.url, data, (data / "admin-token").read_text().strip()),
-                agent_port, join_port, [])
+    server = start_server(tmp_path, config={"control_plane": {
+        "agent_port": agent_port, "agent_join_port": join_port, **FAST}}, env=sim_env())
+    c = Cluster(tmp_path, server, agent_port, join_port, [])
     yield c
     for a in c.agents:
         a.terminate()
-    proc.terminate()
+    server.proc.terminate()
 
 
 def connect(target: str, root: bytes, cert: bytes | None, key: bytes | None,

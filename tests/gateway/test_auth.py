@@ -289,7 +289,7 @@ def test_usage_sink_keeps_what_failed_drops_what_was_refused_and_splits_large_ba
             assert len(body) <= usage.MAX_BATCH_BYTES
             if any(f.request_id == "bad" for f in b.finals):
                 raise usage.BatchRejected("HTTP 400")
-            # A record queued while a post is under way is not lost.
+            # A record queued while a post is under way is not lost (it goes with the next tick).
             if not mode["queued"]:
                 mode["queued"] = True
                 sink.record(_rec(99))  # type: ignore[arg-type]
@@ -301,6 +301,9 @@ def test_usage_sink_keeps_what_failed_drops_what_was_refused_and_splits_large_ba
         assert not await sink.send()  # down: kept
         assert len(sink.finals) == 3
         mode["fail"] = False
+        assert await sink.send()
+        assert [f.request_id for b in got for f in b.finals] == ["r0", "r1", "r2"]
+        assert [f.request_id for f in sink.finals] == ["r99"]  # queued during the post: next tick
         assert await sink.send()
         ids = [f.request_id for b in got for f in b.finals]
         assert ids == ["r0", "r1", "r2", "r99"] and got[0].key_last_used == {"key_1": 1.0}

@@ -16,6 +16,7 @@ from llmgw.gateway.fleet import Catalog, diff_replicas
 from llmgw.gateway.replicas import ReplicaSet
 from llmgw.gateway.upstream import Pool
 from llmgw.gateway.wake import Waker, WakeRefused
+from llmgw.store.errors import Invalid, NotFound, TenancyError
 from llmgw.wire import ModelEntry, ReplicaEntry, WakeReply, WakeRequest
 
 
@@ -287,3 +288,17 @@ def test_the_wake_route_without_placement_is_a_404() -> None:
         run(wake_route(wake_request(SimpleNamespace())))
     assert (e.value.status, e.value.code) == (404, "fleet.no_placement")
     assert e.value.message.startswith("this control plane places no replicas, so it cannot start one of model 'm'")
+
+
+def test_the_wake_route_answers_the_control_planes_refusals() -> None:
+    # The control plane raises store errors; the admin layer maps them (store_errors.STATUS).
+    for error, status in ((NotFound("models.not_found", "there is no model 'm'", "model"), 404),
+                          (Invalid("models.no_scale_from_zero", "model m does not scale from zero",
+                                   "model"), 400)):
+        async def wake(model: str, error: TenancyError = error) -> None:
+            raise error
+
+        with pytest.raises(ApiError) as e:
+            run(wake_route(wake_request(SimpleNamespace(wake=wake))))
+        assert (e.value.status, e.value.code, e.value.message, e.value.param) == (
+            status, error.code, error.message, "model")

@@ -127,3 +127,33 @@ def test_token_estimates_settle_to_what_requests_used() -> None:
         task.cancel()
 
     asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_busy_share_is_renewed_ahead_so_requests_do_not_wait() -> None:
+    async def main() -> tuple[int, int]:
+        auth = LimitsAuthority(ttl=0.3)  # leases expire often: each expiry would be a wait
+        limiter = Limiter("gw", Counting(auth), interval=0.05)
+        entry = _entry(Limits(rpm=10**9, tpm=10**12))
+        waited = 0
+
+        async def steady() -> None:
+            nonlocal waited
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 1.5
+            while loop.time() < end:
+                t = limiter.take(entry, None, 50)
+                if t is None:
+                    waited += 1
+                    t = await limiter.acquire(entry, None, 50)
+                limiter.release(t, 40)
+                await asyncio.sleep(0.005)
+
+        await _run(limiter, steady())
+        return waited, int(auth.window_units("key:key_1"))
+
+    waited, units = asyncio.run(asyncio.wait_for(main(), 10))
+    # The first request waits for the first lease; after that the units and tokens (ttl
+    # 0.3 s) are renewed before they run out. Without renewal: a wait at each expiry of
+    # each (10 here); a margin of 2 for a loop tick delayed on a busy machine.
+    assert 1 <= waited <= 3
+    assert units > 0

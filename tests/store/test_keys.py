@@ -3,10 +3,13 @@ and what gateways are sent (the snapshot)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 import pytest
 
 from llmgw.secrets import derive, key_hash
-from llmgw.store import Database
+from llmgw.store import Database, audit
 from llmgw.store import keys as k
 from llmgw.store import tenancy as t
 from llmgw.store.errors import Forbidden, Invalid, NotFound
@@ -222,5 +225,57 @@ def test_hostile_key_ids_are_plain_data(store_url: str, ref: str) -> None:
         with pytest.raises((NotFound, Invalid)):
             await k.list_keys(db, project=ref)
         assert len(await k.list_keys(db)) == 1
+
+    with_db(store_url, body)
+
+
+class Counting:
+    """A Database that counts the statements sent through it."""
+
+    def __init__(self, db: Database) -> None:
+        self.db, self.statements = db, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.db, name)
+        if name in ("execute", "executemany", "fetch", "fetchrow", "fetchval"):
+            self.statements += 1
+        return attr
+
+
+def test_revoking_many_keys_is_a_few_statements_with_an_audit_row_each(store_url: str) -> None:
+    async def revoke(db: Database, ids: list[str], at: float) -> tuple[int, int]:
+        async with db.transaction() as tx:
+            counting = Counting(tx)
+            done = await k.revoke_ids(counting, A, ids, "user bob deleted", at)  # type: ignore[arg-type]
+        return done, counting.statements
+
+    async def body(db: Database) -> None:
+        await tree(db)
+        one = await k.issue_key(db, A, project="acme/ml/chat", name="one", hash_key=HASH_KEY)
+        many = [await k.issue_key(db, A, project=p, name=f"k{i}", hash_key=HASH_KEY, ttl=DAY,
+                                  limits=Limits(rpm=i + 1))
+                for i, p in enumerate(["acme/ml/chat", "acme/ml/eval", "acme/web/site"] * 3)]
+        gone = await k.revoke_key(db, A, many[0].id)  # already revoked: left as it is
+        befores = {x.id: await k.get_key(db, x.id) for x in [one, *many]}
+        # An id that is no key: NotFound, and the transaction revokes nothing.
+        with pytest.raises(NotFound) as e:
+            await revoke(db, [one.id, "key_not_there"], 500.0)
+        assert (e.value.code, await k.get_key(db, one.id)) == ("keys.not_found", befores[one.id])
+        v = await snapshot_version(db)
+        done1, n1 = await revoke(db, [one.id], 1000.5)
+        ids = [x.id for x in many] + [many[1].id]
+        done9, n9 = await revoke(db, ids, 2000.25)
+        assert (done1, done9) == (1, 8) and n9 == n1  # the same statements for 1 key and for 9
+        assert await snapshot_version(db) == v + 2  # one bump per call
+        assert await k.get_key(db, many[0].id) == gone  # not revoked again
+        events = [e for e in await audit.query(db, limit=1000, contains="key_")
+                  if e.action == "key.revoke" and e.at in (1000.5, 2000.25)]
+        assert sorted(e.target for e in events) == sorted([one.id] + [x.id for x in many[1:]])
+        for e in events:
+            # What `record` wrote before, key by key: the view before, the view after + reason.
+            after = await k.get_key(db, e.target)
+            assert after.revoked_at == e.at
+            assert (e.actor, e.before) == (A, msgspec.to_builtins(befores[e.target]))
+            assert e.after == {**msgspec.to_builtins(after), "reason": "user bob deleted"}
 
     with_db(store_url, body)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import pytest
 
 from llmgw.control.leader import Leadership
-from llmgw.store import Database, connect, migrate
+from llmgw.store import Database, StoreError, connect, migrate
+from llmgw.store import fleet as fleet_rows
 from llmgw.store import leader as lease
 from tests.store.conftest import drop_pg_database, fresh_pg_database
 
@@ -138,3 +139,85 @@ def test_a_leader_that_cannot_renew_steps_down_by_its_deadline(pg_url: str) -> N
 
     asyncio.run(run())
 
+
+
+async def _after(delay: float, aw: Awaitable[None]) -> None:
+    await asyncio.sleep(delay)
+    await aw
+
+
+def test_a_deposed_leaders_writes_are_refused_by_the_epoch_and_step_it_down(pg_url: str) -> None:
+    # A leader paused past its TTL (SIGSTOP) wakes with tasks that write before its lease
+    # loop runs: the fence refuses those writes and the refusal steps it down at once.
+    events: list[str] = []
+
+    async def run() -> None:
+        db = await _open(pg_url)
+        try:
+            async def elected() -> None:
+                events.append("elected")
+
+            async def deposed() -> None:
+                events.append("deposed")
+
+            ttl = 0.6
+            one = Leadership(db, ttl, "http://one:1", "one:2", elected, deposed)
+            two = Leadership(db, ttl, "http://two:1", "two:2", elected, deposed)
+            await one.attempt()
+            assert one.is_leader and one.leader is not None and one.leader.epoch == 1
+            old = one.fence(db)
+            await fleet_rows.set_scale(old, "m", 2)
+            await one.attempt()  # a renewal is the same term
+            assert one.leader is not None and one.leader.epoch == 1
+            await fleet_rows.set_scale(old, "m", 3)
+
+            # Paused: no renewal; the standby takes the expired lease, a new epoch.
+            await asyncio.sleep(ttl + 0.1)
+            await two.attempt()
+            assert two.is_leader and two.leader is not None and two.leader.epoch == 2
+            with pytest.raises(lease.Deposed, match="epoch 2, this leader's is 1"):
+                await fleet_rows.set_scale(old, "m", 9)
+            assert not one.is_leader
+            with pytest.raises(lease.Deposed):  # a transaction is fenced too
+                await fleet_rows.delete_node(old, "n1")
+            await one.attempt()  # waits for the step-down; cannot take the live lease
+            assert not one.is_leader and events == ["elected", "elected", "deposed"]
+            assert old.refused == 2 and await fleet_rows.scales(db) == {"m": 3}
+            new = two.fence(db)
+            await fleet_rows.set_scale(new, "m", 4)
+            assert await fleet_rows.scales(db) == {"m": 4}
+
+            # A write in flight holds the takeover back until it committed: the new leader
+            # (which loads the fleet after taking the lease) sees it.
+            await two.attempt()
+            async with new.transaction() as tx:
+                take = asyncio.create_task(_after(ttl + 0.05, one.attempt()))
+                await tx.fetchval("SELECT pg_sleep($1)", ttl + 0.3)  # expires meanwhile
+                assert not take.done() and not one.is_leader
+                await tx.execute("UPDATE model_scale SET replicas = 5 WHERE model = 'm'")
+            await take
+            assert one.is_leader and one.leader is not None and one.leader.epoch == 3
+            assert await fleet_rows.scales(db) == {"m": 5}
+
+            # But a writer paused inside its transaction (idle, not running a statement)
+            # holds it back no longer than the idle limit (a third of the TTL): PostgreSQL
+            # ends that transaction, its write is lost, and the lease moves on.
+            paused = one.fence(db)
+            with pytest.raises(StoreError):  # the session is gone
+                async with paused.transaction() as tx:
+                    await tx.execute("UPDATE model_scale SET replicas = 6 WHERE model = 'm'")
+                    await asyncio.sleep(ttl + 0.05)  # the lease expired; still idle
+                    begun = time.monotonic()
+                    await two.attempt()
+                    assert two.is_leader and time.monotonic() - begun < ttl / 3 + 0.3
+                    await tx.execute("UPDATE model_scale SET replicas = 7 WHERE model = 'm'")
+            assert await fleet_rows.scales(db) == {"m": 5}
+            # The same holder taking its own lease again after it expired is a new term too.
+            assert two.leader is not None and two.leader.epoch == 4
+            assert (await lease.take(db, two.id, "http://two:1", "two:2", -1.0)) is not None
+            again = await lease.take(db, two.id, "http://two:1", "two:2", 30.0)
+            assert again is not None and again.epoch == 5
+        finally:
+            await db.close()
+
+    asyncio.run(run())

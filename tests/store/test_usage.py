@@ -150,3 +150,40 @@ def test_compaction_drops_finished_opens_of_live_gateways(store_url: str) -> Non
         assert await totals(db) == (3, 0, 36, 15)
 
     with_db(store_url, body)
+
+
+def test_the_settle_loop_compacts_a_live_gateways_opens(store_url: str, monkeypatch: object) -> None:
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from llmgw.control import usage as cp_usage
+
+    monkeypatch.setattr(cp_usage, "SETTLE_EVERY", 0.05)  # type: ignore[attr-defined]
+
+    async def body(db: Database) -> None:
+        now = time.time()
+        # A live gateway (heard from now) whose batch of a minute ago announced a and b.
+        await ingest(db, batch(opens=[opened("a"), opened("b")]), now - 60)
+        await ingest(db, batch(finals=[final("a")]), now)
+        cp = SimpleNamespace(db=db, settings=SimpleNamespace(gateway_silent_for=30.0))
+        loop = asyncio.create_task(cp_usage._settle(cp))  # type: ignore[arg-type]
+        try:
+            for _ in range(200):
+                rows = await db.fetch("SELECT opens FROM open_batches")
+                if len(rows) == 1 and '"a"' not in rows[0]["opens"]:
+                    break
+                await asyncio.sleep(0.02)
+            assert len(rows) == 1 and '"b"' in rows[0]["opens"] and '"a"' not in rows[0]["opens"]
+            await ingest(db, batch(finals=[final("b")]), time.time())
+            for _ in range(200):
+                if not await db.fetchval("SELECT COUNT(*) FROM open_batches"):
+                    break
+                await asyncio.sleep(0.02)
+            assert await db.fetchval("SELECT COUNT(*) FROM open_batches") == 0
+        finally:
+            loop.cancel()
+        # Compaction changes no count: b was not settled as interrupted, a and b counted once.
+        assert (await totals(db))[:2] == (2, 0)
+
+    with_db(store_url, body)

@@ -6,12 +6,22 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.config import ConfigError, load_server_file, parse_endpoint
+from llmgw.config import ConfigError, ControlPlane, Endpoint, load_server_file, parse_endpoint
 
 
 def test_endpoint_flag() -> None:
     e = parse_endpoint("r1=http://127.0.0.1:9000=a,b")
     assert (e.id, e.host, e.port, e.models) == ("r1", "127.0.0.1", 9000, ["a", "b"])
+
+
+def test_urls_are_checked_alike() -> None:
+    # Endpoint and ControlPlane share one check (config.check_http_url); each names its field.
+    with pytest.raises(ValueError) as e:
+        Endpoint(id="a", url="ftp://x", models=["m"])
+    assert str(e.value) == "endpoint 'a' has url 'ftp://x'; expected http://HOST:PORT"
+    with pytest.raises(ValueError) as e:
+        ControlPlane(url="http://")
+    assert str(e.value) == "control_plane.url is 'http://'; expected http://HOST:PORT"
 
 
 @pytest.mark.parametrize("spec", ["r1", "r1=http://x:1", "=http://x:1=m", "r1=ftp://x=m"])
@@ -64,3 +74,18 @@ def test_with_a_control_plane_aliases_and_routing_may_name_catalog_models(tmp_pa
                  "  routing: {placed: {policy: prefix}}\n")
     cfg = load_server_file(p).gateway
     assert cfg.endpoints == [] and cfg.aliases == {"gpt": "placed"}
+
+
+def test_several_control_planes_as_a_list_or_with_commas(tmp_path: Path) -> None:
+    p = tmp_path / "server.yaml"
+    p.write_text("gateway:\n  control_plane:\n    url: ['http://10.0.0.1:8081', 'http://10.0.0.2:8081']\n")
+    cp = load_server_file(p).gateway.control_plane
+    assert cp is not None and cp.urls == ["http://10.0.0.1:8081", "http://10.0.0.2:8081"]
+    p.write_text("gateway:\n  control_plane: {url: 'http://10.0.0.1:8081, http://10.0.0.2:8081'}\n")
+    cp = load_server_file(p).gateway.control_plane
+    assert cp is not None and cp.urls == ["http://10.0.0.1:8081", "http://10.0.0.2:8081"]
+    p.write_text("gateway:\n  control_plane: {url: ['http://10.0.0.1:8081', 'ftp://x']}\n")
+    with pytest.raises(ConfigError) as e:
+        load_server_file(p)
+    assert str(e.value) == (f"configuration file {p} is invalid: control_plane.url is 'ftp://x'; "
+                            "expected http://HOST:PORT - at `$.gateway.control_plane`")

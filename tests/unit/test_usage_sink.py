@@ -41,3 +41,29 @@ def test_an_open_whose_request_ended_before_the_post_is_not_sent() -> None:
         (["running"], ["done"]),
         ([], ["running"]),
     ]
+
+
+def test_records_queued_during_a_post_wait_for_the_next_tick_and_close_drains_them() -> None:
+    posted: list[UsageBatch] = []
+
+    async def main() -> None:
+        sink: UsageSink
+
+        async def ship(body: bytes) -> None:
+            posted.append(msgspec.json.decode(body, type=UsageBatch))
+            # Requests keep ending while a post is under way, as on a busy worker.
+            if len(posted) <= 2:
+                sink.record(_final(f"late{len(posted)}"))
+
+        sink = UsageSink(None, ship=ship, gateway_id="gw")
+        sink.record(_final("a"))
+        sink.record(_final("b"))
+        assert await sink.send()
+        # One post for what was pending: the late record waits, no back-to-back posts.
+        assert len(posted) == 1 and [f.request_id for f in sink.finals] == ["late1"]
+        await sink.close()  # a clean shutdown posts until nothing is left
+        assert not sink.finals and not sink.opens
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert [f.request_id for f in posted[0].finals] == ["a", "b"]
+    assert [[f.request_id for f in b.finals] for b in posted[1:]] == [["late1"], ["late2"]]

@@ -148,8 +148,9 @@ class AdminApp:
         query = _check_query(route, pairs)
         for name, value in match.params.items():
             _check_text(value, name)
-        body = await _read_body(route, scope, protocol)
+        body, text_clean = await _read_body(route, scope, protocol)
         req = Request(method=method, path=path, path_params=match.params, query=query, body=body,
+                      text_clean=text_clean,
                       actor=actor, db=self.control.db, state=self.control,
                       headers={k: v for k, v in scope.headers.items() if k not in _HIDDEN_HEADERS})
         result = await route.handler(req)
@@ -302,10 +303,11 @@ def _check_text(value: str, name: str) -> None:
         raise ApiError(400, "admin.bad_text", f"{name!r} contains a NUL character; remove it", name)
 
 
-async def _read_body(route: Route, scope: Any, protocol: Any) -> Any:
-    """The body decoded into `route.request`; None for a route without one."""
+async def _read_body(route: Route, scope: Any, protocol: Any) -> tuple[Any, bool]:
+    """The body decoded into `route.request` (None for a route without one), and whether its
+    strings are known to hold no NUL and no lone surrogate (`Request.text_clean`)."""
     if route.request is None:
-        return None
+        return None, True
     limit = MAX_INTERNAL_BODY if route.internal else MAX_ADMIN_BODY
     declared = scope.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
@@ -315,21 +317,24 @@ async def _read_body(route: Route, scope: Any, protocol: Any) -> Any:
         raise _too_large(limit)
     if not data.strip():
         if route.optional_body:
-            return None
+            return None, True
         raise ApiError(400, "admin.body_required",
                        f"{route.method} {route.path} needs a JSON body; GET /api/v1/openapi.json "
                        "shows its schema")
     ctype = (scope.headers.get("content-type") or "").split(";")[0].strip().lower()
     try:
         if ctype in _MSGPACK:
-            return msgspec.msgpack.decode(data, type=route.request)
+            return msgspec.msgpack.decode(data, type=route.request), False
         # Not on internal routes: a kept request body may hold an escaped NUL, which is
         # stored as the six characters of its escape, and refusing the batch would drop
         # every other record in it.
-        if b"\\u0000" in data and not route.internal:
+        nul = b"\\u0000" in data
+        if nul and not route.internal:
             raise ApiError(400, "admin.bad_text", "the body contains a NUL character (\\u0000) "
                            "in a string; remove it")
-        return msgspec.json.decode(data, type=route.request)
+        # msgspec refuses raw control characters, invalid UTF-8 and lone surrogate escapes
+        # in JSON, so without that escape no decoded string holds a NUL or a lone surrogate.
+        return msgspec.json.decode(data, type=route.request), not nul
     except msgspec.ValidationError as e:
         text = str(e)
         m = _PARAM_AT.search(text)

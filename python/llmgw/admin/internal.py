@@ -11,6 +11,7 @@ from __future__ import annotations
 from llmgw.wire import LeaseReply, LeaseRequest, Snapshot, UsageBatch, WakeReply, WakeRequest
 
 from .route import ApiError, Param, Raw, Request, Route
+from .store_errors import mapped
 
 JSON = "application/json"
 
@@ -39,7 +40,9 @@ async def usage(req: Request) -> None:
     if ingest is None:
         raise ApiError(503, "internal.usage_not_ready",
                        "this control plane does not take usage yet; the gateway keeps the batch and retries")
-    await ingest(clean_batch(batch))
+    # Cleaning looks at every text field of every record (11 per final): skipped when the
+    # body cannot hold what it replaces, which is every batch a gateway sends in practice.
+    await ingest(batch if req.text_clean else clean_batch(batch))
 
 
 _TEXT_FIELDS = ("request_id", "model", "upstream_model", "replica", "status", "finish_reason",
@@ -76,12 +79,14 @@ async def leases(req: Request) -> LeaseReply:
     return reply
 
 
+@mapped
 async def wake(req: Request) -> WakeReply:
     """Scale from zero: a gateway holds requests for a model with no ready replica.
 
     `req.state.wake(model)` (the reconciler's) wants at least one replica of the model
-    and returns a WakeReply (None reads as one replica wanted), or raises ApiError when
-    the model is unknown or cannot be placed. The gateway then waits for a snapshot that
+    and returns a WakeReply (None reads as one replica wanted), or raises the store's
+    NotFound or Invalid when the model is unknown or does not scale from zero (`mapped`
+    answers them 404 or 400 with their code). The gateway then waits for a snapshot that
     lists a replica of it; many gateways asking for one model ask for the same replica.
     """
     ask: WakeRequest = req.body  # decoded into the route's type by the app

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from llmgw.store.requests import NotKept, RequestBody, RequestView, request_body, request_view
+from llmgw.store.requests import NotKept, RequestBody, RequestView, kept_body, request_view
 
 from .route import ApiError, Raw, Request, Route
 from .usage import NameResolver
@@ -36,14 +36,15 @@ def _not_found(request_id: str) -> ApiError:
     )
 
 
-async def _kept(req: Request) -> RequestBody:
+async def _kept(req: Request) -> tuple[RequestBody, str | None]:
+    """The kept bodies of the request named in the path, and its key id; 404 otherwise."""
     rid = req.path_params["id"]
-    found = await request_body(req.db, rid)
+    found, key_id = await kept_body(req.db, rid)
     if found is None:
         raise _not_found(rid)
     if isinstance(found, NotKept):
         raise ApiError(404, "requests.body_not_kept", found.reason + ".", "id")
-    return found
+    return found, key_id
 
 
 def routes(names: NameResolver | None = None) -> list[Route]:
@@ -101,7 +102,7 @@ def routes(names: NameResolver | None = None) -> list[Route]:
 
 async def get_body(req: Request) -> RequestBody:
     """GET /api/v1/requests/{id}/body."""
-    return await _kept(req)
+    return (await _kept(req))[0]
 
 
 def _path_of(body: dict[str, Any]) -> str:
@@ -125,7 +126,7 @@ async def replay(req: Request) -> Raw:
             "replay; set gateway_url in server.yaml (e.g. http://127.0.0.1:8080) "
             "and restart it.",
         )
-    kept = await _kept(req)
+    kept, key_id = await _kept(req)  # one read of the record: the body and the key
     try:
         body = msgspec.json.decode(kept.request)
     except msgspec.DecodeError:
@@ -140,15 +141,14 @@ async def replay(req: Request) -> Raw:
     body["model"] = req.body.model
     body["stream"] = False  # the answer is relayed whole
     body.pop("stream_options", None)
-    view = await request_view(req.db, rid)
     headers = {
         "content-type": "application/json",
         "authorization": f"Bearer {req.state.gateway_token}",
         "x-llmgw-replay-of": rid,
     }
-    if view is not None and view.key_id:
+    if key_id:
         # The gateway attributes the replay to this key (it has no store to look it up).
-        headers["x-llmgw-replay-key"] = view.key_id
+        headers["x-llmgw-replay-key"] = key_id
     try:
         status, ctype, data = await asyncio.to_thread(
             post, str(base), _path_of(body), msgspec.json.encode(body), headers, REPLAY_TIMEOUT_S

@@ -59,6 +59,9 @@ class Request:
     state: Any
     """The control plane (`llmgw.control.server.ControlPlane`): settings, secrets, snapshot."""
     headers: dict[str, str] = field(default_factory=dict)
+    text_clean: bool = False
+    """The body's strings hold no NUL and no lone surrogate (JSON without a `\\u0000` escape),
+    so a handler that must store them as text can skip checking each one."""
 
 
 @dataclass(frozen=True)

@@ -230,13 +230,8 @@ class Agent:
     def _handle(self, msg: pb.ControlMessage, outbox: asyncio.Queue[pb.AgentMessage]) -> None:
         kind = msg.WhichOneof("msg")
         if kind == "start_replica":
-            req = wire.launch_request(msg.start_replica, self.inventory.simulated)
-            try:
-                self.supervisor.start(req)
-            except RuntimeError as exc:  # no free port: say so in the replica's status
-                outbox.put_nowait(pb.AgentMessage(replica_status=pb.ReplicaStatus(
-                    replica_id=req.replica_id, model=req.model, engine=req.engine,
-                    state=pb.REPLICA_STATE_PARKED, reason=f"cannot start: {exc}")))  # fmt: skip
+            # A start that cannot run comes back parked with the reason, through _on_status.
+            self.supervisor.start(wire.launch_request(msg.start_replica, self.inventory.simulated))
         elif kind == "stop_replica":
             m = msg.stop_replica
             self._spawn_command(self.supervisor.stop(m.replica_id, float(m.drain_seconds)))

@@ -66,10 +66,6 @@ class NoFreePortError(RuntimeError):
     """Every port of the range is taken."""
 
 
-class ShuttingDownError(RuntimeError):
-    """A start arrived after the agent began to shut down."""
-
-
 class _Replica:
     def __init__(self, req: LaunchRequest, log_lines: int) -> None:
         self.req = req
@@ -122,19 +118,19 @@ class Supervisor:
         """Run `req` (port 0: one from the range). Idempotent: a replica already running is left as it is.
 
         A parked or stopped replica with the same id starts afresh (failures forgotten).
-        Raises ShuttingDownError after `close()`.
+        A start that cannot run (after `close()`, or with no free port) parks the replica
+        with the reason, told to `on_status` like every other change, so the control
+        plane reads it in the replica's status and places it elsewhere.
         """
-        if self._closing:
-            raise ShuttingDownError("the agent is shutting down")
         old = self._replicas.get(req.replica_id)
         if old is not None and old.state not in ("stopped", "parked"):
             return old.info()
-        if req.port == 0:
-            req = msgspec.structs.replace(req, port=self._pick_port())
-        if req.engine in KV_EVENTS and req.kv_events_port == 0:
-            events = self._pick_port(req.port)
-            req = msgspec.structs.replace(req, kv_events_port=events,
-                                          kv_replay_port=self._pick_port(req.port, events))
+        if self._closing:  # kept nowhere: close() drained this node and nothing starts after
+            return self._refuse(req, "the agent is shutting down", keep=False)
+        try:
+            req = self._with_ports(req)
+        except NoFreePortError as exc:
+            return self._refuse(req, str(exc), keep=True)
         if not req.host:
             req = msgspec.structs.replace(req, host=self.settings.engine_host)
         r = _Replica(req, self.settings.log_lines)
@@ -277,6 +273,26 @@ class Supervisor:
 
     def _emit(self, r: _Replica) -> None:
         self.on_status(r.info())
+
+    def _refuse(self, req: LaunchRequest, why: str, *, keep: bool) -> ReplicaInfo:
+        """The replica parked without running, `cannot start: why`, and told to `on_status`."""
+        r = _Replica(req, self.settings.log_lines)
+        r.state, r.reason = "parked", f"cannot start: {why}"
+        if keep:
+            self._replicas[req.replica_id] = r
+        self._emit(r)
+        return r.info()
+
+    def _with_ports(self, req: LaunchRequest) -> LaunchRequest:
+        """`req` with a port from the range where it has none (and KV event ports for the
+        engines that publish them); NoFreePortError when the range is full."""
+        if req.port == 0:
+            req = msgspec.structs.replace(req, port=self._pick_port())
+        if req.engine in KV_EVENTS and req.kv_events_port == 0:
+            events = self._pick_port(req.port)
+            req = msgspec.structs.replace(req, kv_events_port=events,
+                                          kv_replay_port=self._pick_port(req.port, events))
+        return req
 
     def _pick_port(self, *also: int) -> int:
         """A free port of the range that no running replica (nor `also`) holds."""

@@ -34,8 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="port to listen on (default 8080)")
     parser.add_argument("--workers", type=int, help="granian worker processes (default 1)")
     parser.add_argument("--usage-log", metavar="PATH", help="append a JSON line per finished request to PATH")
-    parser.add_argument("--control-plane", metavar="URL",
-                        help="require API keys and apply limits from this `llmgw server` (e.g. http://127.0.0.1:8081)")
+    parser.add_argument("--control-plane", metavar="URL[,URL]",
+                        help="require API keys and apply limits from this `llmgw server` (e.g. http://127.0.0.1:8081); "
+                             "several control planes on one PostgreSQL separated by commas, used one at a time")
     parser.add_argument("--data-dir", metavar="DIR",
                         help="the control plane's data directory (its secret gives the gateway token)")
 

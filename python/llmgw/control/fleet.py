@@ -136,8 +136,7 @@ class Fleet:
         self.db = db
         self.settings = settings
         self.policy = placement.BinPacking()
-        self.timing = reconciler.Settings(unreachable_after=settings.unreachable_after,
-                                          lost_after=settings.lost_after)
+        self.timing = reconciler.Timing.of(settings)
         self.engine_key = engine_key(secret)
         self.poke = poke or (lambda: None)
         """Asks the snapshot publisher to rebuild now (`cp.snapshots.poke`)."""
@@ -734,7 +733,10 @@ async def attach(cp: Any) -> None:
     to `cp.fleet` while it is set (`llmgw.control.agents`)."""
 
     snapshots = cp.snapshots
-    fleet = Fleet(cp.db, cp.settings, cp.config.models, cp.secret,
+    # Fenced: a write made after another control plane took the lease fails (and steps
+    # this one down) instead of overwriting the new leader's fleet.
+    db = cp.leadership.fence(cp.db) if cp.leadership is not None else cp.db
+    fleet = Fleet(db, cp.settings, cp.config.models, cp.secret,
                   poke=snapshots.poke if snapshots is not None else None)
     await fleet.load()
     cp.fleet = fleet
@@ -743,12 +745,8 @@ async def attach(cp: Any) -> None:
         snapshots.poke()
 
     async def wake(model: str) -> WakeReply:
-        from llmgw.admin.store_errors import api_error
-
-        try:
-            return WakeReply(model=model, replicas=fleet.wake_model(model))
-        except (NotFound, Invalid) as e:
-            raise api_error(e) from e
+        # NotFound/Invalid go up as they are: the admin route maps them (store_errors).
+        return WakeReply(model=model, replicas=fleet.wake_model(model))
 
     cp.wake = wake  # POST /internal/v1/wake
     cp.spawn(fleet.run(), "fleet")

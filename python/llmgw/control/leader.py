@@ -15,6 +15,12 @@ says another holder has it, it steps down at once: `on_deposed` stops placing an
 every agent stream before a standby can take the lease. A stepped-down control
 plane is a standby and may be elected again later.
 
+That deadline is checked by the lease loop, which a paused process (SIGSTOP, a
+long GC or swap stall) runs only after it wakes, possibly after other tasks
+that write. So the leader's fleet writes also go through `fence()`: the store
+refuses any write made after the lease moved to a later epoch (or expired), and
+the refusal steps this process down at once.
+
 What changes with the role is not done here: `ControlPlane` attaches its parts
 (fleet, limits, usage, snapshots) in `on_elected` and detaches them in
 `on_deposed`; the admin app forwards to `leader` while this one is a standby.
@@ -60,6 +66,8 @@ class Leadership:
         """monotonic() after which this process must no longer act as leader."""
         self._leader_until = 0.0
         """monotonic() at which the lease last read expires (by the store's clock)."""
+        self._stepping_down: asyncio.Task[None] | None = None
+        """The step-down a fenced write started (see `fence`), until it is done."""
 
     @property
     def margin(self) -> float:
@@ -81,6 +89,32 @@ class Leadership:
             return None
         return got
 
+    def fence(self, db: Database) -> Database:
+        """`db` for this term's writes: on PostgreSQL each write succeeds only while this
+        process's lease is still the current one (`lease.Fenced`), and a refused write steps
+        this process down; on SQLite (one control plane) `db` itself."""
+        if self.single or self.leader is None:
+            return db
+        # A fenced transaction left idle this long (a process paused mid-write) is ended by
+        # the store, so it cannot hold a takeover back for longer.
+        return lease.Fenced(db, self.leader.epoch, self._fenced, idle_limit=self.every)
+
+    def _fenced(self, why: str) -> None:
+        """A write of this term was refused: stop leading now, not at the next lease round.
+        The parts are detached in a task of their own, since the writer is one of the tasks
+        that detaching cancels."""
+        if not self.is_leader:
+            return
+        log.error("the store refused a write of this leader (%s): another control plane "
+                  "leads; stepping down", why)
+        self.is_leader = False
+        self.leader = None
+        self._stepping_down = asyncio.get_running_loop().create_task(
+            self._detach_parts(), name="leader-step-down")
+
+    async def _detach_parts(self) -> None:
+        await self._on_deposed()
+
     async def run(self) -> None:
         """Keeps trying to take or renew the lease until cancelled (PostgreSQL); call after
         `attempt()` made the first try."""
@@ -95,6 +129,10 @@ class Leadership:
 
     async def attempt(self) -> None:
         """One round: take or renew the lease; become leader or step down accordingly."""
+        if self._stepping_down is not None:
+            # Detached before this process may lead again (a new term attaches fresh parts).
+            await asyncio.gather(self._stepping_down, return_exceptions=True)
+            self._stepping_down = None
         sent = time.monotonic()
         if self.is_leader and sent >= self._deadline:
             log.error("the leader lease could not be renewed within its %g s; stepping down so "

@@ -23,31 +23,31 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Annotated
 
 import msgspec
 
 from llmgw.control.catalog import Model
 from llmgw.control.inventory import LIVE, Node, NodeState, Observed, Replica, ReplicaState
 from llmgw.control.placement import BinPacking, Capacity, PlacementPolicy
+from llmgw.control.settings import Settings as ControlSettings
 
-Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
+class Timing(msgspec.Struct, frozen=True, kw_only=True):
+    """When a silent node is unreachable and when it is lost: the part of the control
+    plane's `Settings` (`control_plane:` in server.yaml) a pass reads.
 
-class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The reconciler's timing; `control:` in server.yaml."""
+    A view, not a second source: the defaults, the docs and the check that
+    `lost_after` is the longer live in `llmgw.control.settings.Settings` only,
+    and `Timing.of` builds this from it.
+    """
 
-    unreachable_after: Seconds = 30.0
-    """No heartbeat for this long: the node is unreachable (its replicas stay, still routed)."""
-    lost_after: Seconds = 120.0
-    """No heartbeat for this long: the node is lost and its replicas are placed elsewhere."""
+    unreachable_after: float
+    lost_after: float
 
-    def __post_init__(self) -> None:
-        if self.lost_after <= self.unreachable_after:
-            raise ValueError(
-                f"lost_after ({self.lost_after:g} s) must be longer than "
-                f"unreachable_after ({self.unreachable_after:g} s)"
-            )
+    @classmethod
+    def of(cls, settings: ControlSettings) -> Timing:
+        """The timing of the control plane's settings."""
+        return cls(unreachable_after=settings.unreachable_after, lost_after=settings.lost_after)
 
 
 class Want(msgspec.Struct, frozen=True, kw_only=True):
@@ -161,7 +161,7 @@ def wake(want: Want) -> Want:
 _STOP_RANK: dict[str, int] = {"parked": 0, "pending": 1, "starting": 2, "ready": 3}
 
 
-def node_state(node: Node, now: float, settings: Settings) -> tuple[NodeState, str]:
+def node_state(node: Node, now: float, settings: Timing) -> tuple[NodeState, str]:
     """The state a node should be in now, and why, from its heartbeat and its operator state."""
     silent = now - node.last_heartbeat
     if silent > settings.lost_after:
@@ -180,11 +180,13 @@ def plan(
     observed: Observed,
     now: float,
     policy: PlacementPolicy | None = None,
-    settings: Settings | None = None,
+    settings: Timing | None = None,
 ) -> list[Action]:
-    """The actions that move `observed` towards `desired`; see the module docstring."""
+    """The actions that move `observed` towards `desired`; see the module docstring.
+
+    `settings` defaults to the timing of a default `control.settings.Settings`."""
     policy = policy or BinPacking()
-    settings = settings or Settings()
+    settings = settings or Timing.of(ControlSettings())
     actions: list[Action] = []
 
     nodes: dict[str, Node] = {}

@@ -3,8 +3,9 @@
 Attached at start (see `ATTACH` in control/server.py). Ingestion runs as the
 internal route receives a batch; two loops run beside it: settling the open
 requests of gateways gone silent (so a gateway killed with SIGKILL leaves no
-request unaccounted), and pruning request rows past their retention (the
-hourly rollups are kept, so usage reports never lose history).
+request unaccounted) and compacting the opens of live ones, and pruning request
+rows past their retention (the hourly rollups are kept, so usage reports never
+lose history).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from llmgw.store import StoreError
 from llmgw.store.snapshot import touch_keys
-from llmgw.store.usage import ingest, prune, settle_stale
+from llmgw.store.usage import compact_opens, ingest, prune, settle_stale
 from llmgw.store.usage_report import tokens_used
 from llmgw.wire import UsageBatch
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmgw.control")
 
 SETTLE_EVERY = 2.0
+COMPACT_AFTER = 10.0
+"""Age of an open_batches row before compaction looks at it: most of its requests ended."""
 PRUNE_EVERY = 3600.0
 
 
@@ -51,11 +54,15 @@ async def attach(cp: ControlPlane) -> None:
 async def _settle(cp: ControlPlane) -> None:
     while True:
         await asyncio.sleep(SETTLE_EVERY)
+        now = time.time()
         try:
-            n = await settle_stale(cp.db, cp.settings.gateway_silent_for, time.time())
+            n = await settle_stale(cp.db, cp.settings.gateway_silent_for, now)
+            # A live gateway's batches leave a row of opens each; without this they piled up
+            # for as long as it ran (a row per post), and its next settle read all of them.
+            await compact_opens(cp.db, now - COMPACT_AFTER)
         except StoreError as e:
             # The store may be restarting; the next pass settles the same rows.
-            log.warning("could not settle open requests of silent gateways: %s", e)
+            log.warning("could not settle or compact open requests: %s", e)
             continue
         if n:
             log.warning("settled %d requests left open by gateways silent for %.0fs as interrupted",

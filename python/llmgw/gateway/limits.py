@@ -60,11 +60,12 @@ class Unavailable(Exception):
 class TokenLease:
     """Tokens leased for one scope; requests take their estimates and settle what they used."""
 
-    __slots__ = ("balance", "id", "in_flight", "until")
+    __slots__ = ("balance", "granted", "id", "in_flight", "until")
 
     def __init__(self, lease_id: int, tokens: int, until: float) -> None:
         self.id = lease_id
         self.balance = tokens
+        self.granted = tokens
         self.until = until
         self.in_flight = 0
 
@@ -351,6 +352,7 @@ class Limiter:
                         or s.want_tokens)):
                     del d[name]  # a key not used for a while: its share is made again when it is
                     continue
+                self._renew(s, now)
                 if not (s.want_units or s.want_slots or s.want_tokens or s.back or s.tok_over or tell
                         or (heartbeat and s.slots_held)):
                     continue
@@ -364,6 +366,26 @@ class Limiter:
                 )))
                 s.want_units = s.want_slots = s.want_tokens = 0
         return asks
+
+    def _renew(self, s: Share, now: float) -> None:
+        """Asks ahead for what a share in use runs out of before the next periodic call.
+
+        Without it a busy share's units expired (ttl) or its tokens ran out on the request
+        path: every request in flight then waited for a lease call (about 450 of 20,000 at
+        2,500 req/s, ~2 stalls a second), and each wait cost a future, a timer and a task.
+        Asked ahead, the new lease lands while the old one still admits; what is left of
+        the old one goes back with the call after (`_apply`), so nothing is counted twice.
+        """
+        if now - s.last_used >= self.idle_return:
+            return
+        soon = now + self.interval
+        if s.has_rpm and s.units and not s.want_units and (
+                s.units_until <= soon or s.units * 4 <= s.unit_batch):
+            s.want_units = 1
+        tok = s.tok
+        if s.metered and tok is not None and not s.want_tokens and (
+                tok.until <= soon or tok.balance * 4 <= tok.granted):
+            s.want_tokens = 1
 
     async def round_trip(self) -> None:
         """One lease call with everything pending; wakes the requests waiting for it."""

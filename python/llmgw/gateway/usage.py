@@ -122,15 +122,27 @@ class UsageSink:
             log.error("cannot write usage records to %s (%s); keeping %d for the next try", self.path, e, len(batch))
             self.pending[:0] = batch
 
-    async def send(self) -> bool:
-        """Posts what is pending to the control plane; False when it must be tried again."""
+    async def send(self, drain: bool = False) -> bool:
+        """Posts what is pending to the control plane; False when it must be tried again.
+
+        Only the records pending when it starts (in posts of `MAX_BATCH_RECORDS`), unless
+        `drain`: those queued while a post is under way wait for the next tick. Posting them
+        at once made a busy worker post back to back, each post carrying what ended during
+        the previous one (~50 records at 2,000 req/s instead of ~500 per 0.25 s tick), and
+        the control plane paid its per-batch transaction, commit and HTTP exchange ten
+        times over.
+        """
         if self.ship is None:
             return True
         if self.dropped:
             log.error("usage: %d records dropped: the control plane has not taken any for a while and %d "
                       "are waiting (usage_max_pending)", self.dropped, self.max_pending)
             self.dropped = 0
-        while self.opens or self.finals or self.last_used:
+        # A record's open and final count as one: record() takes the open out as it adds the final.
+        left = len(self.opens) + len(self.finals)
+        first = True
+        while (self.opens or self.finals or self.last_used) and (drain or first or left > 0):
+            first = False
             n_open = min(len(self.opens), MAX_BATCH_RECORDS)
             n_final = min(len(self.finals), MAX_BATCH_RECORDS - n_open)
             last_used = dict(self.last_used)
@@ -164,6 +176,7 @@ class UsageSink:
             if self.failures:
                 log.warning("usage: the control plane takes records again after %d failures", self.failures)
                 self.failures = 0
+            left -= n_open + n_final
             # Sent (or refused for good): records queued meanwhile were appended after these.
             for rid in list(itertools.islice(self.opens, n_open)):
                 del self.opens[rid]
@@ -189,7 +202,7 @@ class UsageSink:
         self.flush()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CLOSE_DEADLINE
-        while not await self.send() and loop.time() < deadline:
+        while not await self.send(drain=True) and loop.time() < deadline:
             await asyncio.sleep(0.1)  # back-off before the next try, bounded by the deadline
         left = len(self.opens) + len(self.finals)
         if left:

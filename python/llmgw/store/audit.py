@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -28,20 +29,36 @@ def _summary(value: Any) -> str | None:
     return msgspec.json.encode(data).decode()
 
 
+Event = tuple[str, str, str, Any, Any]
+"""One event for `record_many`: (actor, action, target, before, after)."""
+
+_INSERT = ("INSERT INTO audit (id, at, actor, action, target, before_json, after_json) "
+           "VALUES ($1, $2, $3, $4, $5, $6, $7)")
+
+
+def _row(at: float, actor: str, action: str, target: str, before: Any, after: Any) -> tuple[Any, ...]:
+    # Hex microseconds first: ids sort by time, so ties on `at` still list in order.
+    event_id = f"evt_{int(at * 1_000_000):014x}{secrets.token_hex(4)}"
+    return (event_id, at, actor, action, target, _summary(before), _summary(after))
+
+
 async def record(tx: Database, actor: str, action: str, target: str,
                  before: Any = None, after: Any = None, at: float | None = None) -> str:
     """Writes one event through `tx` (the transaction making the change); returns its id.
 
     `before`/`after` are views (msgspec Structs) or dicts summarising the thing.
     """
+    row = _row(time.time() if at is None else at, actor, action, target, before, after)
+    await tx.execute(_INSERT, *row)
+    return str(row[0])
+
+
+async def record_many(tx: Database, events: Sequence[Event], at: float | None = None) -> None:
+    """Writes `events`, all at `at`, through `tx` in one statement: the rows `record` would
+    write one by one, for a change that touches many things at once (revoking keys)."""
     at = time.time() if at is None else at
-    # Hex microseconds first: ids sort by time, so ties on `at` still list in order.
-    event_id = f"evt_{int(at * 1_000_000):014x}{secrets.token_hex(4)}"
-    await tx.execute(
-        "INSERT INTO audit (id, at, actor, action, target, before_json, after_json) "
-        "VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        event_id, at, actor, action, target, _summary(before), _summary(after))
-    return event_id
+    if events:
+        await tx.executemany(_INSERT, [_row(at, *e) for e in events])
 
 
 def _like(text: str) -> str:

@@ -23,7 +23,7 @@ from .db import Database, Row, update_row
 from .errors import Forbidden, Invalid, NotFound, shown
 from .names import check_name, is_id, new_id
 from .snapshot import bump
-from .tenancy import get_org, get_project, get_team
+from .tenancy import get_project
 from .users import covers, get_user
 from .views import IssuedKey, KeyView, limits_json, limits_of
 
@@ -67,9 +67,13 @@ async def get_key(db: Database, key_id: str, param: str = "id") -> KeyView:
     """The key with this ID; NotFound otherwise (also for text that is not a key ID)."""
     row = await db.fetchrow(_KEYS + " WHERE k.id = $1", key_id) if is_id(key_id, "key") else None
     if row is None:
-        raise NotFound("keys.not_found", f"there is no key {shown(key_id)}; list them with "
-                       "`llmgw ctl keys list`", param)
+        raise _not_found(key_id, param)
     return _view(row)
+
+
+def _not_found(key_id: str, param: str = "id") -> NotFound:
+    return NotFound("keys.not_found", f"there is no key {shown(key_id)}; list them with "
+                    "`llmgw ctl keys list`", param)
 
 
 async def list_keys(db: Database, *, project: str | None = None, user: str | None = None,
@@ -112,10 +116,16 @@ async def issue_key(db: Database, actor: str, *, project: str, name: str, hash_k
                                 "the team or org above it; add them first (llmgw ctl members add)",
                                 "user")
             user_id = u.id
-        team, org = await get_team(tx, proj.team_id), await get_org(tx, proj.org_id)
+        # Only the two maxima: the names are in the project's path (names hold no '/').
+        above = await tx.fetchrow("SELECT t.max_key_ttl AS team, o.max_key_ttl AS org FROM teams t "
+                                  "JOIN orgs o ON o.id = t.org_id WHERE t.id = $1", proj.team_id)
+        if above is None:  # the project's row joined them a moment ago, in this transaction
+            raise NotFound("tenancy.not_found", f"project {proj.path!r} was deleted while the "
+                           "key was issued; issue it again", "project")
+        team_path = proj.path.rsplit("/", 1)[0]
         life = lifetime(ttl, [("gateway's max_key_ttl", max_key_ttl),
-                              (f"organization {org.name!r}", org.max_key_ttl),
-                              (f"team {team.path!r}", team.max_key_ttl),
+                              (f"organization {team_path.split('/')[0]!r}", above["org"]),
+                              (f"team {team_path!r}", above["team"]),
                               (f"project {proj.path!r}", proj.max_key_ttl)])
         await tx.execute(
             "INSERT INTO api_keys (id, name, prefix, hash, project_id, user_id, limits, created_at, "
@@ -158,24 +168,47 @@ async def revoke_key(db: Database, actor: str, key_id: str, now: float | None = 
         return await get_key(tx, key.id)
 
 
+_CHUNK = 500
+"""Key ids per statement: well inside the bound parameters SQLite and asyncpg accept."""
+
+
 async def revoke_ids(tx: Database, actor: str, key_ids: Sequence[str], reason: str,
                      now: float | None = None) -> int:
     """Revokes the unrevoked keys among `key_ids` inside `tx`: one audit row each (with the
-    reason) and one snapshot bump when any was; returns how many were."""
+    reason) and one snapshot bump when any was; returns how many were. NotFound for an id
+    that is no key (the transaction then changes nothing).
+
+    Set-based: one read, one update and one audit insert per 500 keys, however many
+    there are (removing a user revokes all their keys at once).
+    """
     now = time.time() if now is None else now
-    done = 0
-    for key_id in key_ids:
-        before = await get_key(tx, key_id)
-        if before.revoked_at is not None:
+    ids = list(dict.fromkeys(key_ids))
+    done: list[KeyView] = []
+    for i in range(0, len(ids), _CHUNK):
+        chunk = ids[i:i + _CHUNK]
+        rows = await tx.fetch(_KEYS + f" WHERE k.id IN ({_marks(chunk)})", *chunk)
+        before = {r["id"]: _view(r) for r in rows}
+        if missing := [k for k in chunk if k not in before]:
+            raise _not_found(missing[0])
+        todo = [before[k] for k in chunk if before[k].revoked_at is None]  # in the order asked
+        if not todo:
             continue
-        await tx.execute("UPDATE api_keys SET revoked_at = $2 WHERE id = $1", key_id, now)
-        after = await get_key(tx, key_id)
-        await audit.record(tx, actor, "key.revoke", key_id, before,
-                           {**_builtins(after), "reason": reason}, now)
-        done += 1
+        await tx.execute(f"UPDATE api_keys SET revoked_at = $1 WHERE id IN ({_marks(todo, 2)})",
+                         now, *(v.id for v in todo))
+        # The view after is the one before with revoked_at set: nothing else in it changed.
+        await audit.record_many(tx, [
+            (actor, "key.revoke", v.id, v,
+             {**_builtins(msgspec.structs.replace(v, revoked_at=now)), "reason": reason})
+            for v in todo], now)
+        done += todo
     if done:
         await bump(tx)
-    return done
+    return len(done)
+
+
+def _marks(values: Sequence[object], first: int = 1) -> str:
+    """`$first, $first+1, ...`, one placeholder per value, for an `IN (...)` list."""
+    return ", ".join(f"${n}" for n in range(first, first + len(values)))
 
 
 def _builtins(view: KeyView) -> dict[str, Any]:

@@ -94,8 +94,13 @@ class PostgresDatabase:
             except _INTEGRITY as e:  # a deferred check failing at COMMIT
                 raise Conflict(str(e)) from e
             except _UNREACHABLE as e:
-                # BEGIN, COMMIT or ROLLBACK on a connection the server dropped; the statements
-                # inside already answer StoreError through _Conn.
+                if isinstance(e.__context__, StoreError):
+                    # A statement failed and took the session with it (the server ended it, e.g.
+                    # an idle-in-transaction timeout): the ROLLBACK could not be sent and need not
+                    # be; the statement's error is the one that says why.
+                    raise e.__context__ from None
+                # BEGIN or COMMIT on a connection the server dropped; the statements inside
+                # already answer StoreError through _Conn.
                 raise StoreError(f"PostgreSQL store: {e}") from e
 
     @asynccontextmanager

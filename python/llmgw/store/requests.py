@@ -139,17 +139,24 @@ async def _open_view(db: Database, request_id: str) -> RequestView | None:
 
 async def request_body(db: Database, request_id: str) -> RequestBody | NotKept | None:
     """The kept bodies; NotKept with the reason when there are none; None for no such request."""
+    return (await kept_body(db, request_id))[0]
+
+
+async def kept_body(db: Database, request_id: str) -> tuple[RequestBody | NotKept | None, str | None]:
+    """What `request_body` answers, and the key the request was made with (None: without
+    one, or no finished record): a replay needs both, from one read of the record."""
     r = await db.fetchrow(
-        "SELECT r.state, b.request, b.response FROM requests r "
+        "SELECT r.state, r.key_id, b.request, b.response FROM requests r "
         "LEFT JOIN request_bodies b ON b.request_id = r.id WHERE r.id = $1",
         request_id,
     )
     if r is None:
         if await find_open(db, request_id) is None:
-            return None
+            return None, None
         why = "it has not finished yet (bodies arrive with the final record)"
     elif r["request"] is not None:
-        return RequestBody(request=msgspec.Raw(r["request"].encode()), response=r["response"] or "")
+        body = RequestBody(request=msgspec.Raw(r["request"].encode()), response=r["response"] or "")
+        return body, r["key_id"]
     elif r["state"] == "interrupted":
         why = (
             "its gateway stopped before the request finished, so no body reached the control plane"
@@ -161,4 +168,4 @@ async def request_body(db: Database, request_id: str) -> RequestBody | NotKept |
             "its project did not keep bodies when it ran, or the request asked not to be "
             "stored (no_store); set keep_bodies on the project to keep the next ones"
         )
-    return NotKept(reason=f"request {request_id} has no body kept: {why}")
+    return NotKept(reason=f"request {request_id} has no body kept: {why}"), None

@@ -243,6 +243,45 @@ fn a_hot_prefix_spreads_to_a_second_replica_and_a_cold_one_does_not() {
 }
 
 #[test]
+fn a_shared_prefix_warms_a_much_lighter_replica_and_a_conversation_stays() {
+    let mut r = four();
+    policy(&mut r, PolicyKind::Prefix);
+    let sys = "a shared system prompt ".repeat(20);
+    let turn1 = format!("{sys}user one asks {}", "x".repeat(100));
+    let a = route(&mut r, &turn1, 0).index;
+    r.release(a);
+    let b = r
+        .route_at("m", &body(&format!("{sys}user two asks")), false, &[a], 1)
+        .unwrap()
+        .index;
+    r.release(b);
+    let rest: Vec<usize> = (0..4).filter(|&i| i != a && i != b).collect();
+    let (light, busy) = (rest[0], rest[1]);
+    // a, b and busy have 3 outstanding, light 1: the bound (4.25) is far off.
+    for _ in 0..3 {
+        r.pick("m", &[b, light, busy]);
+        r.pick("m", &[a, light, busy]);
+        r.pick("m", &[a, b, light]);
+    }
+    r.pick("m", &[a, b, busy]);
+    // A new user of the prompt both a and b hold: warmed on light.
+    let warmed = route(&mut r, &format!("{sys}user three asks"), 2);
+    assert_eq!(
+        (warmed.index, warmed.reason.kind, warmed.reason.guard),
+        (light, Kind::Guarded, true)
+    );
+    // User one's second turn: only a holds that history; it stays, although
+    // light had 2 fewer requests than a before the last one.
+    let t2 = route(&mut r, &format!("{turn1} a reply and question two"), 3);
+    assert_eq!((t2.index, t2.reason.kind), (a, Kind::CacheHit));
+    // light now holds the prompt too: a new user of it is a hit on a holder.
+    r.release(light);
+    let shared = route(&mut r, &format!("{sys}user four asks"), 4);
+    assert_eq!(shared.reason.kind, Kind::CacheHit);
+    assert!([a, b, light].contains(&shared.index));
+}
+
+#[test]
 fn a_conversation_that_must_move_keeps_its_system_prompt() {
     let mut r = four();
     policy(&mut r, PolicyKind::Prefix);

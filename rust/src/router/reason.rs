@@ -20,6 +20,9 @@ pub enum Kind {
     CacheMiss,
     /// Every replica holding `min_match` of the prompt was over the load
     /// bound; the least loaded was used instead, and now holds the prompt too.
+    /// Also: the longest match was a prefix several replicas hold equally (a
+    /// shared system prompt), and the least loaded, lighter than all of them
+    /// by 2 or more requests, was used to warm it.
     /// For `scored`: the best-scored replica was over the bound; the
     /// best-scored one under it was used.
     Guarded,
