@@ -75,6 +75,9 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The whole request, retries included."""
     client_headers: Seconds = 10.0
     """A client must have sent its request headers this long after connecting (slowloris)."""
+    client_body: Seconds = 30.0
+    """A client must have sent its whole request body this long after its headers (slow
+    uploads): 408. granian bounds only the headers."""
 
 
 class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

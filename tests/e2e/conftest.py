@@ -22,12 +22,14 @@ SIM_READY = "llmgw-sim listening on"
 class Cluster:
     """One control plane and the processes started against it; everything stops at the end."""
 
-    def __init__(self, tmp: Path, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, tmp: Path, settings: dict[str, Any] | None = None, store: str | None = None) -> None:
         self.tmp = tmp
         self.data_dir = tmp / "data"
         self.procs: list[Proc] = []
         args = [sys.executable, "-m", "llmgw.cli.main", "server", "--data-dir", str(self.data_dir),
                 "--port", str(free_port())]
+        if store:
+            args += ["--store", store]
         if settings:
             cfg = tmp / "server.yaml"
             cfg.write_text(json.dumps({"control_plane": settings}))

@@ -175,6 +175,21 @@ def test_a_certificate_from_another_ca_fails_the_handshake(cluster: Cluster) -> 
     assert "intruder" not in cluster.nodes()
 
 
+def test_an_expired_certificate_from_the_clusters_ca_fails_the_handshake(cluster: Cluster) -> None:
+    import datetime as dt
+    from unittest import mock
+
+    key_pem, csr_pem = _key_and_csr()
+    long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(days=pki.NODE_DAYS + 30)
+    with mock.patch.object(pki, "_now", return_value=long_ago):  # signed a year and a month ago
+        cert = pki.Authority(cluster.server.data_dir).sign_node("stale", csr_pem)
+    assert cert.not_valid_after_utc < dt.datetime.now(dt.UTC)
+    root = (cluster.server.data_dir / pki.CA_CERT).read_bytes()
+    err = connect(cluster.target, root, pki.pem(cert), key_pem, "stale")
+    assert err.code() == grpc.StatusCode.UNAVAILABLE  # the TLS handshake, before any RPC
+    assert "stale" not in cluster.nodes()
+
+
 def test_a_removed_nodes_certificate_is_refused(cluster: Cluster) -> None:
     _, tok = cluster.token()
     agent = cluster.agent("n2", tok["token"])

@@ -68,6 +68,20 @@ def test_body_over_the_limit_is_413(gateway_factory: Callable[..., Gateway], sim
     assert_error(body, "body_too_large")
 
 
+def test_a_chunked_body_over_the_limit_is_413(gateway_factory: Callable[..., Gateway], sim: Proc) -> None:
+    gw = gateway_factory([f"r1={sim.url}=sim-model"], {"max_body_bytes": 1000})
+    u = urlsplit(gw.url)
+    conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=10)
+    part = json.dumps({"model": "sim-model", "prompt": "x" * 2000}).encode()
+    conn.request("POST", "/v1/completions", body=iter([part[:500], part[500:]]),
+                 headers={"content-type": "application/json"}, encode_chunked=True)
+    r = conn.getresponse()
+    body = json.loads(r.read())
+    conn.close()
+    assert r.status == 413
+    assert_error(body, "body_too_large")
+
+
 def test_no_healthy_replica_is_503_with_retry_after(
     gateway_factory: Callable[..., Gateway],
 ) -> None:
@@ -134,6 +148,27 @@ def test_deeply_nested_json_is_400(gateway: Gateway) -> None:
     assert status == 400
     assert_error(body, "invalid_json")
     assert "too deeply" in body["error"]["message"]
+
+
+def test_oversized_or_too_many_headers_are_431_before_anything_is_read(gateway: Gateway) -> None:
+    import socket
+
+    u = urlsplit(gateway.url)
+    for headers in (b"X-Big: " + b"a" * 2_000_000 + b"\r\n",
+                    b"".join(b"X-H%d: v\r\n" % i for i in range(200))):
+        with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+            try:
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+                got = s.recv(100)
+            except (BrokenPipeError, ConnectionResetError):
+                # Answered and closed while 2 MB were still being sent: the reset can
+                # overtake the 431, and it is a refusal all the same.
+                got = b"HTTP/1.1 431 (reset)"
+        assert got.startswith(b"HTTP/1.1 431"), got
+    # The gateway goes on serving.
+    status, _, _ = post(gateway, "/v1/chat/completions", json.dumps(
+        {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode())
+    assert status == 200
 
 
 def test_an_event_that_never_ends_is_cut_at_max_response_bytes(gateway_factory: Callable[..., Gateway]) -> None:

@@ -81,6 +81,25 @@ def test_replica_resets_mid_stream(gateway: Gateway) -> None:
     assert rec["status"] == "upstream_error" and rec["completion_tokens"] == 2
 
 
+@pytest.mark.parametrize("fault", ["reset-after=2", "hang-after=2"])
+def test_a_stream_broken_mid_answer_ends_right_after_its_error_event(
+        gateway_factory: Callable[..., Gateway], sim: Proc, fault: str) -> None:
+    """The client must see the end of the answer, not only the error event: a client that
+    reads to the end (curl, urllib, any proxy in between) would otherwise hang."""
+    gw = gateway_factory([f"r1={sim.url}=sim-model"], {"timeouts": {"idle": 0.5}})
+    u = urlsplit(gw.base_url)
+    conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=5)
+    conn.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": "sim-model", "messages": MSG, "stream": True, "max_tokens": 20}),
+        {"content-type": "application/json", "x-sim-fault": fault})
+    t0 = time.monotonic()
+    body = conn.getresponse().read()  # raises TimeoutError when the answer never ends
+    conn.close()
+    assert time.monotonic() - t0 < 3
+    events = [e for e in body.decode().split("\n\n") if e.strip()]
+    assert json.loads(events[-1].removeprefix("data: "))["error"]["code"] in ("upstream_failed", "upstream_timeout")
+
+
 def test_error_event_from_the_engine_is_relayed_as_an_error(gateway: Gateway) -> None:
     stream = client(gateway).chat.completions.create(
         model="sim-model", messages=MSG, stream=True, extra_headers={"x-sim-fault": "error-after=2"}
@@ -200,4 +219,23 @@ def test_slowloris_is_cut_at_the_header_deadline(gateway_factory: Callable[..., 
     assert 0.5 < waited < 5, f"connection held for {waited:.1f}s"
     assert got == b"" or got.startswith(b"HTTP/1.1 408")
     # Other clients were served all along.
+    assert client(gw).models.list().data
+
+
+@pytest.mark.parametrize("framing", [b"Content-Length: 100\r\n", b"Transfer-Encoding: chunked\r\n"])
+def test_a_slow_body_upload_is_408_at_the_body_deadline(
+        gateway_factory: Callable[..., Gateway], sim: Proc, framing: bytes) -> None:
+    import socket
+    gw = gateway_factory([f"r1={sim.url}=sim-model"], {"timeouts": {"client_body": 1}})
+    u = urlsplit(gw.url)
+    part = b'{"model"' if framing.startswith(b"Content") else b'8\r\n{"model"\r\n'
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + framing + b"\r\n" + part)
+        t0 = time.monotonic()
+        got = s.recv(4096)
+        waited = time.monotonic() - t0
+    assert 0.5 < waited < 5, f"an unfinished body held the request for {waited:.1f}s"
+    assert got.startswith(b"HTTP/1.1 408"), got[:200]
+    assert b'"code":"request_timeout"' in got
     assert client(gw).models.list().data

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Callable
 
 import openai
+import pytest
 
 from tests.procs import Proc
 
-from .conftest import Gateway
+from .conftest import Gateway, start_sim
 
 
 def test_sigterm_flushes_usage_and_exits_0(gateway_factory: Callable[..., Gateway], sim: Proc) -> None:
@@ -23,3 +25,22 @@ def test_sigterm_flushes_usage_and_exits_0(gateway_factory: Callable[..., Gatewa
     assert gw.proc.popen.wait(15) == 0
     lines = gw.usage_log.read_text().splitlines()
     assert len(lines) == 3 and all(json.loads(x)["status"] == "ok" for x in lines)
+
+
+def test_sigterm_lets_a_stream_in_flight_finish_and_refuses_new_connections(
+        gateway_factory: Callable[..., Gateway]) -> None:
+    with start_sim("--model", "m", "--itl-ms", "50", "--output-tokens", "40") as sim:  # ~2 s
+        gw = gateway_factory([f"r1={sim.url}=m"])
+        c = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=20)
+        stream = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=40, stream=True)
+        chunks = [next(stream)]
+        gw.proc.popen.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(openai.APIConnectionError):  # stopped accepting
+            openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=3).models.list()
+        chunks += list(stream)  # the stream in flight runs to its end
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
+        assert gw.proc.popen.wait(15) == 0
+    lines = [json.loads(x) for x in gw.usage_log.read_text().splitlines()]
+    assert [(r["status"], r["completion_tokens"]) for r in lines] == [("ok", 40)]

@@ -221,7 +221,13 @@ class Gateway:
                                f"request body is {declared} bytes; this gateway accepts at most {limit}")
         # With a declared length the body comes in one call; without one (chunked
         # upload) it is read piece by piece and reading stops at the limit.
-        data = await protocol() if declared is not None else await read_body(protocol, limit)
+        try:
+            async with asyncio.timeout(self.cfg.timeouts.client_body):
+                data = await protocol() if declared is not None else await read_body(protocol, limit)
+        except TimeoutError:
+            return self._error(protocol, rid, Kind.BODY_TIMEOUT,
+                               f"the request body did not arrive within {self.cfg.timeouts.client_body:g} s; "
+                               "send it at once after the headers")
         if data is None or len(data) > limit:
             return self._error(protocol, rid, Kind.BODY_TOO_LARGE,
                                f"request body is over {limit} bytes; this gateway accepts at most {limit}")

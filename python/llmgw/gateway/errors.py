@@ -35,6 +35,8 @@ class Kind(enum.Enum):
     MODEL_NOT_FOUND = (404, "invalid_request_error", "model_not_found")
     UNAUTHORIZED = (401, "invalid_request_error", "invalid_api_key")
     METHOD_NOT_ALLOWED = (405, "invalid_request_error", "method_not_allowed")
+    BODY_TIMEOUT = (408, "invalid_request_error", "request_timeout")
+    """The request body did not arrive within `timeouts.client_body`."""
     BODY_TOO_LARGE = (413, "invalid_request_error", "body_too_large")
     REPLICAS_BUSY = (429, "rate_limit_error", "replicas_busy")
     RATE_LIMITED = (429, "requests", "rate_limit_exceeded")

@@ -17,6 +17,8 @@ from .db import Conflict, Database, Row, StoreError, safe_url
 
 _INTEGRITY = (asyncpg.UniqueViolationError, asyncpg.ForeignKeyViolationError,
               asyncpg.NotNullViolationError, asyncpg.CheckViolationError)
+_UNREACHABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+"""What asyncpg raises when the server is gone: a refused or reset connection, a lost one."""
 
 
 def _count(status: str) -> int:
@@ -47,34 +49,34 @@ class PostgresDatabase:
 
     async def execute(self, sql: str, *args: Any) -> int:
         """Runs one statement; returns the number of rows it changed."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             return await _Conn(conn, self.url).execute(sql, *args)
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """asyncpg pipelines the rows in one transaction."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             await _Conn(conn, self.url).executemany(sql, rows)
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         """All rows of a query."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             return await _Conn(conn, self.url).fetch(sql, *args)
 
     async def fetchrow(self, sql: str, *args: Any) -> Row | None:
         """The first row, or None."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             return await _Conn(conn, self.url).fetchrow(sql, *args)
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
         """The first column of the first row, or None."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             return await _Conn(conn, self.url).fetchval(sql, *args)
 
     async def copy_records(
         self, table: str, columns: Sequence[str], records: Iterable[Sequence[Any]]
     ) -> int:
         """One binary COPY into `table` on a pooled connection."""
-        async with self._pool.acquire() as conn:
+        async with self._connection() as conn:
             return await _Conn(conn, self.url).copy_records(table, columns, records)
 
     async def script(self, sql: str) -> None:
@@ -85,16 +87,36 @@ class PostgresDatabase:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Database]:
         """One pooled connection inside BEGIN ... COMMIT (ROLLBACK on an exception)."""
+        async with self._connection() as conn:
+            try:
+                async with conn.transaction():
+                    yield _Conn(conn, self.url)
+            except _INTEGRITY as e:  # a deferred check failing at COMMIT
+                raise Conflict(str(e)) from e
+            except _UNREACHABLE as e:
+                if isinstance(e.__context__, StoreError):
+                    # A statement failed and took the session with it (the server ended it, e.g.
+                    # an idle-in-transaction timeout): the ROLLBACK could not be sent and need not
+                    # be; the statement's error is the one that says why.
+                    raise e.__context__ from None
+                # BEGIN or COMMIT on a connection the server dropped; the statements inside
+                # already answer StoreError through _Conn.
+                raise StoreError(f"PostgreSQL store: {e}") from e
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Any]:
+        """A pooled connection. The pool opens a new one when the server dropped the last:
+        a server that cannot be reached then must be a StoreError like a failed statement,
+        which callers turn into a 503 or a retry, not an unexpected OSError (a 500, or a
+        background loop that dies)."""
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
-                yield _Conn(conn, self.url)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-            if isinstance(e.__context__, StoreError):
-                # A statement failed and took the session with it (the server ended it, e.g.
-                # an idle-in-transaction timeout): the ROLLBACK could not be sent and need not
-                # be; the statement's error is the one that says why.
-                raise e.__context__ from None
-            raise StoreError(f"PostgreSQL store: {e}") from e
+            conn = await self._pool.acquire()
+        except _UNREACHABLE as e:
+            raise StoreError(f"PostgreSQL store: cannot connect to {self.url}: {e}") from e
+        try:
+            yield conn
+        finally:
+            await self._pool.release(conn)
 
     async def close(self) -> None:
         """Closes the pool."""
@@ -116,7 +138,7 @@ class _Conn:
             return _count(await self._conn.execute(sql, *args))
         except _INTEGRITY as e:
             raise Conflict(str(e)) from e
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        except _UNREACHABLE as e:
             raise StoreError(f"PostgreSQL store: {e}") from e
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
@@ -125,7 +147,7 @@ class _Conn:
             await self._conn.executemany(sql, list(rows))
         except _INTEGRITY as e:
             raise Conflict(str(e)) from e
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        except _UNREACHABLE as e:
             raise StoreError(f"PostgreSQL store: {e}") from e
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
@@ -135,7 +157,7 @@ class _Conn:
             return rows
         except _INTEGRITY as e:
             raise Conflict(str(e)) from e
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        except _UNREACHABLE as e:
             raise StoreError(f"PostgreSQL store: {e}") from e
 
     async def fetchrow(self, sql: str, *args: Any) -> Row | None:
@@ -159,7 +181,7 @@ class _Conn:
             )
         except _INTEGRITY as e:
             raise Conflict(str(e)) from e
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        except _UNREACHABLE as e:
             raise StoreError(f"PostgreSQL store: {e}") from e
         return _count(status)
 
@@ -167,7 +189,7 @@ class _Conn:
         """Several statements at once (asyncpg's simple query protocol takes them together)."""
         try:
             await self._conn.execute(sql)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        except _UNREACHABLE as e:
             raise StoreError(f"PostgreSQL store: {e}") from e
 
     def transaction(self) -> Any:

@@ -1,0 +1,87 @@
+"""Slow first bytes and retry storms (RELIABILITY.md B): `timeouts.first_byte` is the per-try
+deadline, after which the request goes to another replica (the slow try is cancelled);
+`retries` bounds the tries and `timeouts.total` the whole request, retries included."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import openai
+import pytest
+
+from .conftest import Gateway, http_get, metric_value, start_sim
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def _client(gw: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=20)
+
+
+def test_a_slow_first_byte_is_retried_on_another_replica_and_the_slow_try_cancelled(
+        gateway_factory: Callable[..., Gateway]) -> None:
+    with start_sim("--model", "m", "--ttft-ms", "5000") as slow, start_sim("--model", "m") as fast:
+        gw = gateway_factory([f"slow={slow.url}=m", f"fast={fast.url}=m"],
+                             {"timeouts": {"first_byte": 0.5}, "routing": {"m": {"policy": "round_robin"}},
+                              "health": {"eject_base": 0.1, "eject_max": 0.1}})
+        for _ in range(4):
+            t0 = time.monotonic()
+            assert _client(gw).chat.completions.create(model="m", messages=MSG, max_tokens=2).choices
+            assert time.monotonic() - t0 < 2.5
+        recs = gw.usage(4)
+        assert {r["replica"] for r in recs} == {"fast"} and all(r["status"] == "ok" for r in recs)
+        retried = sum(r["retries"] for r in recs)
+        assert retried >= 1, "round robin sent some requests to the slow replica first"
+        deadline = time.monotonic() + 5
+        while metric_value(http_get(slow.url + "/metrics"), "llmgw_sim_requests_aborted_total") < retried:
+            assert time.monotonic() < deadline, "the slow tries were not cancelled"
+            time.sleep(0.05)
+
+
+def test_when_every_replica_is_slow_tries_and_time_stay_bounded(
+        gateway_factory: Callable[..., Gateway]) -> None:
+    with start_sim("--model", "m", "--ttft-ms", "5000") as a, start_sim("--model", "m", "--ttft-ms", "5000") as b:
+        gw = gateway_factory([f"a={a.url}=m", f"b={b.url}=m"],
+                             {"retries": 1, "timeouts": {"first_byte": 0.6, "total": 1.0}})
+        t0 = time.monotonic()
+        try:
+            _client(gw).chat.completions.create(model="m", messages=MSG, max_tokens=2)
+            raise AssertionError("a request to slow replicas only succeeded")
+        except openai.APIStatusError as e:
+            assert e.status_code == 504, e
+        waited = time.monotonic() - t0
+        assert waited < 1.8, f"the total deadline of 1 s (retries included) held the client {waited:.1f}s"
+        [rec] = gw.usage(1)
+        assert rec["retries"] <= 1 and rec["status"] == "timeout", rec
+
+
+def test_a_replica_that_keeps_failing_is_ejected_for_longer_each_time(
+        gateway_factory: Callable[..., Gateway]) -> None:
+    with start_sim("--model", "m") as sim:
+        gw = gateway_factory([f"r1={sim.url}=m"],
+                             {"health": {"eject_base": 0.4, "eject_max": 0.8, "probe_interval": 60}})
+        c = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=10)
+
+        def fail() -> None:
+            try:
+                c.chat.completions.create(model="m", messages=MSG, max_tokens=1,
+                                          extra_headers={"x-sim-fault": "fail=500"})
+            except openai.APIStatusError as e:
+                assert e.status_code == 502, e
+            else:
+                raise AssertionError("a failing replica answered")
+
+        fail()
+        with pytest.raises(openai.APIStatusError) as ejected:
+            c.chat.completions.create(model="m", messages=MSG, max_tokens=1)
+        assert ejected.value.status_code == 503  # ejected: nothing to route to
+        for wait in (0.5, 0.9, 0.9):  # back after 0.4 s, then 0.8, then still 0.8 (the cap)
+            time.sleep(wait)
+            fail()
+        time.sleep(0.9)
+        assert c.chat.completions.create(model="m", messages=MSG, max_tokens=1).choices  # a success ends the run
+        fail()
+        lines = [ln for ln in gw.proc.lines if "ejected for" in ln]
+        got = [(ln.split("ejected for ")[1].split("s ")[0], ln.split("(ejection ")[1].split()[0]) for ln in lines]
+        assert got == [("0.4", "1"), ("0.8", "2"), ("0.8", "3"), ("0.8", "4"), ("0.4", "1")], lines
