@@ -25,10 +25,11 @@ def test_a_slow_first_byte_is_retried_on_another_replica_and_the_slow_try_cancel
         gw = gateway_factory([f"slow={slow.url}=m", f"fast={fast.url}=m"],
                              {"timeouts": {"first_byte": 0.5}, "routing": {"m": {"policy": "round_robin"}},
                               "health": {"eject_base": 0.1, "eject_max": 0.1}})
-        for _ in range(4):
-            t0 = time.monotonic()
-            assert _client(gw).chat.completions.create(model="m", messages=MSG, max_tokens=2).choices
-            assert time.monotonic() - t0 < 2.5
+        with _client(gw) as c:
+            for _ in range(4):
+                t0 = time.monotonic()
+                assert c.chat.completions.create(model="m", messages=MSG, max_tokens=2).choices
+                assert time.monotonic() - t0 < 2.5
         recs = gw.usage(4)
         assert {r["replica"] for r in recs} == {"fast"} and all(r["status"] == "ok" for r in recs)
         retried = sum(r["retries"] for r in recs)
@@ -46,7 +47,8 @@ def test_when_every_replica_is_slow_tries_and_time_stay_bounded(
                              {"retries": 1, "timeouts": {"first_byte": 0.6, "total": 1.0}})
         t0 = time.monotonic()
         try:
-            _client(gw).chat.completions.create(model="m", messages=MSG, max_tokens=2)
+            with _client(gw) as c:
+                c.chat.completions.create(model="m", messages=MSG, max_tokens=2)
             raise AssertionError("a request to slow replicas only succeeded")
         except openai.APIStatusError as e:
             assert e.status_code == 504, e
@@ -82,6 +84,7 @@ def test_a_replica_that_keeps_failing_is_ejected_for_longer_each_time(
         time.sleep(0.9)
         assert c.chat.completions.create(model="m", messages=MSG, max_tokens=1).choices  # a success ends the run
         fail()
+        c.close()
         lines = [ln for ln in gw.proc.lines if "ejected for" in ln]
         got = [(ln.split("ejected for ")[1].split("s ")[0], ln.split("(ejection ")[1].split()[0]) for ln in lines]
         assert got == [("0.4", "1"), ("0.8", "2"), ("0.8", "3"), ("0.8", "4"), ("0.4", "1")], lines
