@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +42,9 @@ class Stack:
 
     sim_workers: int = 2
     output_tokens: int = 16
+    upstream: str = "sim"
+    """`sim` (the Python engine simulator) or `fast` (rust/examples/fast_upstream.rs: one fixed,
+    non-streamed answer, for the throughput scenario when the simulator is the bottleneck)."""
     peer_names: list[str] = field(default_factory=lambda: list(peers_mod.PEERS))
     targets: list[Target] = field(default_factory=list)
     servers: dict[str, Server] = field(default_factory=dict)
@@ -53,20 +57,24 @@ class Stack:
     def start(self, with_llmgw: bool = True) -> None:
         """Starts the upstream, then llmgw, then each peer; a peer that fails is recorded, not fatal."""
         port = free_port()
-        sim_args = [
-            llmgw_bin(),
-            "engine",
-            "sim",
-            "--port",
-            str(port),
-            "--workers",
-            str(self.sim_workers),
-            "--output-tokens",
-            str(self.output_tokens),
-        ]
+        if self.upstream == "fast":
+            sim_args, ready, notes = _fast_upstream(port)
+        else:
+            sim_args = [
+                llmgw_bin(),
+                "engine",
+                "sim",
+                "--port",
+                str(port),
+                "--workers",
+                str(self.sim_workers),
+                "--output-tokens",
+                str(self.output_tokens),
+            ]
+            ready, notes = "llmgw-sim listening on", "llmgw engine sim, zero-latency mode"
         sim = Server("upstream", sim_args, port)
         self.servers[DIRECT] = sim
-        sim.wait_ready(60, "/health", "llmgw-sim listening on")
+        sim.wait_ready(60, "/health", ready)
         self.targets.append(
             Target(
                 name=DIRECT,
@@ -74,7 +82,7 @@ class Stack:
                 version=versions("llmgw")["llmgw"],
                 command=sim_args,
                 url=sim.url,
-                notes="llmgw engine sim, zero-latency mode",
+                notes=notes,
             )
         )
         if with_llmgw:
@@ -293,3 +301,12 @@ def wait_quiet(max_load: float = 1.0, max_wait: float = 0.0) -> None:
     deadline = time.monotonic() + max_wait
     while os.getloadavg()[0] > max_load and time.monotonic() < deadline:
         time.sleep(5)
+
+
+def _fast_upstream(port: int) -> tuple[list[str], str, str]:
+    """Builds (once; cargo is incremental) and names the fixed-answer upstream."""
+    subprocess.run(["cargo", "build", "--quiet", "--release", "--example", "fast_upstream"],
+                   cwd=ROOT, check=True)
+    binary = ROOT / "target" / "release" / "examples" / "fast_upstream"
+    return ([str(binary), str(port)], "llmgw-fast-upstream listening on",
+            "rust/examples/fast_upstream.rs: a fixed non-streamed answer, std Rust, simulated")

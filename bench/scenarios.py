@@ -83,6 +83,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--requests", type=int, default=100_000, help="soak: requests in all (default 100000)"
     )
+    p.add_argument("--upstream", choices=("sim", "fast"), default="sim",
+                   help="throughput/overhead: the engine simulator (default) or the fixed-answer "
+                        "Rust upstream (non-streamed scenarios only), which leaves the CPU to the "
+                        "gateways and the load generator")
     p.add_argument("--out", help="result path (default bench/results/SCENARIO-DATE.json)")
     p.add_argument("--users", type=int, help="routing: chat users (default 64)")
     p.add_argument("--turns", type=int, help="routing: mean turns per user (default 6, +-4)")
@@ -125,7 +129,10 @@ def run_scenario(args: argparse.Namespace) -> int:
     peer_names = [] if args.scenario == "soak" else [p for p in args.peers.split(",") if p]
     machine, started = machine_facts(), now_iso()
     code = git_state(str(ROOT))  # at start: the code the servers load
-    stack = Stack(output_tokens=tokens, peer_names=peer_names)
+    if args.upstream == "fast" and args.scenario not in ("throughput", "overhead"):
+        raise SystemExit(f"--upstream fast answers only non-streamed requests; the {args.scenario} "
+                         "scenario needs the simulator (--upstream sim)")
+    stack = Stack(output_tokens=tokens, peer_names=peer_names, upstream=args.upstream)
     figures: dict[str, float | None] = {}
     try:
         stack.start()
