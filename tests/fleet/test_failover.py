@@ -178,12 +178,23 @@ def test_standby_forwards_refuses_agents_and_takes_over_without_restarts(pair: P
     assert doc["error"]["code"] in ("control_plane.leader_unreachable", "control_plane.no_leader")
     assert doc["error"]["message"].startswith("this control plane is a standby and ")
 
+    def holds() -> bool:
+        lead = get(b, "/api/v1/leader")
+        return bool(lead["leader_id"] == lead["id"])
+
     def leads() -> bool:
         return bool(get(b, "/api/v1/leader")["role"] == "leader")
 
-    wait_for("the standby leads", leads, timeout=TTL + TAKEOVER_SLACK + 5)
+    # The lease: the standby tries again just after the dead leader's lease runs out, which
+    # is at most one TTL after the kill (its last renewal was before it), so it holds the
+    # lease within the TTL, plus this loop's 0.1 s polling and scheduling.
+    wait_for("the standby holds the lease", holds, timeout=TTL + TAKEOVER_SLACK + 5)
     took = time.monotonic() - killed
-    assert took < TTL + TAKEOVER_SLACK, f"took {took:.1f} s"
+    print(f"the standby held the lease {took:.2f} s after the kill (TTL {TTL:g} s)")
+    assert took < TTL + 0.5, f"took {took:.2f} s"
+    # Leading: the parts attached (the fleet loaded from the store).
+    wait_for("the standby leads", leads, timeout=TAKEOVER_SLACK + 5)
+    assert time.monotonic() - killed < TTL + TAKEOVER_SLACK
     lead_b = get(b, "/api/v1/leader")
     assert lead_b["leader_id"] == lead_b["id"] != lead_a["id"]
 

@@ -124,6 +124,11 @@ class Leadership:
                 # Wake no later than the deadline, so that failed renewals end the term at
                 # the deadline itself rather than up to `every` after it.
                 pause = min(pause, max(self._deadline - time.monotonic(), 0.0))
+            elif (left := self._leader_until - time.monotonic()) > 0:
+                # A standby tries again just after the leader's lease runs out rather than
+                # up to `every` later, so a dead leader is replaced within one TTL of its
+                # last renewal (a live one has renewed by then, and the try just reads it).
+                pause = min(pause, left + 0.05)
             await asyncio.sleep(pause)
             await self.attempt()
 
