@@ -56,12 +56,12 @@ def test_up_serves_gemma_on_the_cpu(tmp_path: Path) -> None:
         usage = chunks[-1].usage
         assert usage is not None and usage.prompt_tokens > 3 and 0 < usage.completion_tokens <= 16
 
-        nodes = ctl(data_dir, admin_port, "--json", "nodes", "list")
+        nodes = ctl(data_dir, admin_port, "--json", "nodes")  # `ctl nodes` lists
         assert nodes.returncode == 0, nodes.stderr
         [node] = json.loads(nodes.stdout)
         assert node["state"] == "ready" and node["connected"] and "llamacpp" in node["engines"]
 
-        models = ctl(data_dir, admin_port, "--json", "models", "list")
+        models = ctl(data_dir, admin_port, "--json", "models")
         assert models.returncode == 0, models.stderr
         [view] = json.loads(models.stdout)
         assert view["name"] == MODEL and view["ready"] == 1, view
