@@ -67,6 +67,25 @@ def test_take_renew_no_steal_then_steal_after_expiry(pg_url: str) -> None:
     asyncio.run(run())
 
 
+def test_taking_back_ones_own_expired_lease_starts_a_new_term(pg_url: str) -> None:
+    # A leader that lost its lease (it could not renew in time) and takes it again later
+    # leads a new term: a new epoch, and `since` (what `ctl leader` shows) is the new start.
+    async def run() -> None:
+        db = await _open(pg_url)
+        try:
+            a = await lease.take(db, "a", "http://a:1", "a:2", 30.0)
+            assert a is not None
+            assert await lease.take(db, "a", "http://a:1", "a:2", -1.0) is not None  # lapses
+            back = await lease.take(db, "a", "http://a:1", "a:2", 30.0)
+            assert back is not None and back.epoch == a.epoch + 1 and back.since > a.since
+            renewed = await lease.take(db, "a", "http://a:1", "a:2", 30.0)
+            assert renewed is not None and (renewed.epoch, renewed.since) == (back.epoch, back.since)
+        finally:
+            await db.close()
+
+    asyncio.run(run())
+
+
 def test_racing_for_an_expired_lease_has_one_winner(pg_url: str) -> None:
     async def run() -> None:
         dbs = [await _open(pg_url) for _ in range(8)]

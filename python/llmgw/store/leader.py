@@ -46,7 +46,8 @@ VALUES ($1, $2, $3, $4, {_NOW}, {_NOW} + $5, 1)
 ON CONFLICT (name) DO UPDATE SET
     holder = excluded.holder, admin_url = excluded.admin_url,
     agent_address = excluded.agent_address,
-    since = CASE WHEN l.holder = excluded.holder THEN l.since ELSE excluded.since END,
+    since = CASE WHEN l.holder = excluded.holder AND l.expires_at >= excluded.since
+                 THEN l.since ELSE excluded.since END,
     expires_at = excluded.expires_at,
     epoch = CASE WHEN l.holder = excluded.holder AND l.expires_at >= excluded.since
                  THEN l.epoch ELSE l.epoch + 1 END
