@@ -1,4 +1,5 @@
-"""`llmgw gateway`: the OpenAI gateway in router-only mode, served by granian over RSGI."""
+"""`llmgw gateway`: the OpenAI gateway, served by granian over RSGI; open (router-only) alone, with
+keys, limits and usage when given control planes."""
 
 from __future__ import annotations
 

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 # module may have subcommands too (`server init`), which are then optional.
 COMMANDS: list[tuple[tuple[str, ...], str, str | None]] = [
     (("up",), "run a whole llmgw on this machine: control plane, agent, a model and the gateway at :8080", "llmgw.cli.up"),
-    (("gateway",), "serve the OpenAI API in front of engine replicas (router-only mode)", "llmgw.cli.gateway"),
+    (("gateway",), "serve the OpenAI API in front of engine replicas (keys and limits with --control-plane)", "llmgw.cli.gateway"),
     (("agent",), "run the node agent: report GPUs, run engines for the control plane", "llmgw.cli.agent"),
-    (("server",), "run the control plane: the admin API, tenancy, keys, usage (at 127.0.0.1:8081)", "llmgw.cli.server"),
+    (("server",), "run the control plane: admin API, tenancy, keys, usage, the fleet (at 127.0.0.1:8081); init: its certificates", "llmgw.cli.server"),
     (("server", "init"), "create the cluster CA and the agent port's certificate in the data dir", "llmgw.cli.server_init"),
-    (("ctl",), "manage a control plane from the command line: orgs, teams, projects, keys, usage", "llmgw.cli.ctl"),
+    (("ctl",), "manage a control plane from the command line: tenancy, keys, usage, nodes, models, replicas", "llmgw.cli.ctl"),
     (("engine",), "inference engines llmgw can run itself (the simulator, llama.cpp on the CPU)", None),
     (("engine", "sim"), "run the engine simulator: vLLM's OpenAI surface with no GPU", "llmgw.sim.cli"),
     (("engine", "llamacpp"), "serve a GGUF model on the CPU with llama.cpp (pip install 'llmgw[cpu]')",
