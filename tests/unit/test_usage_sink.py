@@ -67,3 +67,27 @@ def test_records_queued_during_a_post_wait_for_the_next_tick_and_close_drains_th
     asyncio.run(asyncio.wait_for(main(), 30))
     assert [f.request_id for f in posted[0].finals] == ["a", "b"]
     assert [[f.request_id for f in b.finals] for b in posted[1:]] == [["late1"], ["late2"]]
+
+
+def test_an_open_queued_during_a_post_is_kept_for_the_next_one() -> None:
+    posted: list[UsageBatch] = []
+    sink = UsageSink(None, ship=None, gateway_id="gw")
+
+    async def ship(body: bytes) -> None:
+        posted.append(msgspec.json.decode(body, type=UsageBatch))
+        if len(posted) == 1:  # while the first post is in flight: a ends, d starts
+            sink.record(_final("a"))
+            sink.open(_open("d"))
+
+    async def main() -> None:
+        sink.ship = ship
+        for rid in ("a", "b", "c"):
+            sink.open(_open(rid))
+        assert await sink.send()
+        assert await sink.send()
+
+    asyncio.run(main())
+    assert [([o.request_id for o in b.opens], [f.request_id for f in b.finals]) for b in posted] == [
+        (["a", "b", "c"], []),
+        (["d"], ["a"]),
+    ]

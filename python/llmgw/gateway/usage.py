@@ -75,11 +75,12 @@ class UsageSink:
         if self.path is not None:
             self.pending.append(rec)
         if self.ship is not None:
+            # The final replaces its open (which frees the open's place in the queue first).
+            self.opens.pop(rec.request_id, None)
             if len(self.finals) + len(self.opens) >= self.max_pending:
                 self.dropped += 1
                 return
             self.finals.append(rec)
-            self.opens.pop(rec.request_id, None)
             if rec.key_id is not None:
                 self.last_used[rec.key_id] = rec.started_at
 
@@ -161,6 +162,9 @@ class UsageSink:
                             rec.request_id, len(body))
                 self.finals[0] = msgspec.structs.replace(rec, request_body=NULL, response_body=None)
                 continue
+            # The opens in this body, by id: requests that end during the post remove
+            # theirs and new ones are appended, so position alone no longer names them.
+            sent = list(itertools.islice(self.opens, n_open))
             try:
                 await self.ship(body)
             except BatchRejected as e:
@@ -178,8 +182,8 @@ class UsageSink:
                 self.failures = 0
             left -= n_open + n_final
             # Sent (or refused for good): records queued meanwhile were appended after these.
-            for rid in list(itertools.islice(self.opens, n_open)):
-                del self.opens[rid]
+            for rid in sent:
+                self.opens.pop(rid, None)
             del self.finals[:n_final]
             for k, t in last_used.items():
                 if self.last_used.get(k) == t:
