@@ -95,10 +95,15 @@ def _base_env(req: LaunchRequest) -> dict[str, str]:
     return env
 
 
+def _given(req: LaunchRequest, flag: str) -> bool:
+    """The profile's own arguments already set `flag` (theirs win over the agent's)."""
+    return any(a.startswith(flag) for a in req.args)
+
+
 def _tp(req: LaunchRequest, flag: str) -> list[str]:
     """Tensor parallelism over the replica's GPUs, unless the profile sets it itself."""
     n = len(req.gpu_uuids)
-    return [flag, str(n)] if n > 1 and not any(a.startswith(flag) for a in req.args) else []
+    return [flag, str(n)] if n > 1 and not _given(req, flag) else []
 
 
 def _zmq(host: str, port: int) -> str:
@@ -110,7 +115,7 @@ def _zmq(host: str, port: int) -> str:
 def _vllm_kv_events(req: LaunchRequest) -> list[str]:
     """vLLM's KV-event publisher on the replica's two KV ports, unless the profile configures
     one itself."""
-    if not req.kv_events_port or any(a.startswith("--kv-events-config") for a in req.args):
+    if not req.kv_events_port or _given(req, "--kv-events-config"):
         return []
     config = {"enable_kv_cache_events": True, "publisher": "zmq",
               "endpoint": _zmq(req.host, req.kv_events_port),
@@ -154,7 +159,7 @@ def _sim(req: LaunchRequest) -> Launch:
         env["VLLM_API_KEY"] = req.engine_key
     argv = [sys.executable, "-m", "llmgw.sim", "--host", req.host, "--port", str(req.port),
             "--model", req.model]  # fmt: skip
-    if req.kv_events_port and not any(a.startswith("--kv-events-endpoint") for a in req.args):
+    if req.kv_events_port and not _given(req, "--kv-events-endpoint"):
         argv += ["--kv-events-endpoint", _zmq(req.host, req.kv_events_port),
                  "--kv-replay-endpoint", _zmq(req.host, req.kv_replay_port)]
     argv += req.args

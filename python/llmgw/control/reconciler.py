@@ -154,8 +154,6 @@ def wake(want: Want) -> Want:
 
 # -- the pass --------------------------------------------------------------
 
-"""States that count as one of a model's replicas: everything not on its way out."""
-
 # Which surplus replica to stop first: the one doing least (parked, then not yet
 # started), then the newest, so long-running warm replicas survive a scale-down.
 _STOP_RANK: dict[str, int] = {"parked": 0, "pending": 1, "starting": 2, "ready": 3}

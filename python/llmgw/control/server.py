@@ -84,9 +84,9 @@ class ControlPlane:
         self.limits: Any = None
         self.usage: Any = None
         self.fleet: Any = None
+        """The fleet: nodes, models, replicas and the reconcile loop (control/fleet.py)."""
         self.wake: Callable[[str], Awaitable[Any]] | None = None
         """Scale from zero for POST /internal/v1/wake (set by control/fleet.py)."""
-        """The fleet: nodes, models, replicas and the reconcile loop (control/fleet.py)."""
         self.ingest_usage: Callable[[UsageBatch], Awaitable[None]] | None = None
         """Stores one gateway batch (set by control/usage.py)."""
         self.used_tokens: Callable[[str, float], Awaitable[int]] | None = None

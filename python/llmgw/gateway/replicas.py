@@ -81,7 +81,6 @@ class ReplicaSet:
         self.replicas: list[Replica] = []
         """The router's table: `replicas[i].index == i`."""
         self._rebuild()
-        """The models the configured endpoints serve."""
         self._on_ejection = on_ejection
         self._probing = False
         self.scrape_load = False

@@ -33,18 +33,14 @@ from granian.rsgi import Scope
 
 from llmgw.llamacpp.config import LlamaConfig, from_env
 from llmgw.serving import read_body
-from llmgw.sim.schema import DONE, error_body, error_type, usage
+from llmgw.sim.jobs import HttpError
+from llmgw.sim.metrics import escape_label
+from llmgw.sim.schema import DONE, UNAUTHORIZED, StreamOptions, error_body, error_type, usage
 
 JSON = "application/json"
 SSE = "text/event-stream"
 MAX_BODY = 16 * 2**20
 _END = object()
-
-
-class StreamOptions(msgspec.Struct):
-    """OpenAI's `stream_options`."""
-
-    include_usage: bool = False
 
 
 class Body(msgspec.Struct, kw_only=True):
@@ -75,15 +71,6 @@ class Body(msgspec.Struct, kw_only=True):
         if limit is not None:
             out["max_tokens"] = limit
         return out
-
-
-class HttpError(Exception):
-    """An answer other than 200, with the OpenAI error body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
 
 
 class Counter:
@@ -132,7 +119,7 @@ class LlamaApp:
         protocol.response_bytes(status, [("content-type", ctype)], body)
 
     def _metrics(self) -> bytes:
-        labels = f'{{model_name="{self.name}"}}'
+        labels = f'{{model_name="{escape_label(self.name)}"}}'
         return (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{labels} {self.running}\n"
                 f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{labels} {self.waiting}\n"
                 ).encode()
@@ -162,7 +149,7 @@ class LlamaApp:
         if self._bearer is not None and path.startswith("/v1"):
             given = (scope.headers.get("authorization") or "").encode()
             if not hmac.compare_digest(given, self._bearer):
-                return self._send(protocol, 401, b'{"error":"Unauthorized"}')
+                return self._send(protocol, 401, UNAUTHORIZED)
         try:
             if path == "/v1/models" and method == "GET":
                 return self._send(protocol, 200, self._models_body)

@@ -36,6 +36,7 @@ from llmgw.sim.metrics import SimMetrics
 from llmgw.sim.schema import (
     DONE,
     STREAM_ERROR,
+    UNAUTHORIZED,
     ChatRequest,
     ChunkTemplates,
     CompletionRequest,
@@ -54,7 +55,6 @@ RESET_FLUSH_S = 0.05
 POST_PATHS = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/embeddings"))
 NOT_FOUND = b'{"detail":"Not Found"}'
 NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
-UNAUTHORIZED = b'{"error":"Unauthorized"}'  # vLLM's body for a missing or wrong --api-key
 
 
 class SimApp:

@@ -27,8 +27,8 @@ class SimMetrics:
 
     def __init__(self, model_name: str, cache: PrefixCache) -> None:
         self.cache = cache
-        self._label = '{model_name="' + _escape(model_name) + '"}'
-        self._label_prefix = 'model_name="' + _escape(model_name) + '"'
+        self._label = '{model_name="' + escape_label(model_name) + '"}'
+        self._label_prefix = 'model_name="' + escape_label(model_name) + '"'
         self.running = 0
         self.waiting = 0
         self.prompt_tokens = 0
@@ -88,5 +88,6 @@ class SimMetrics:
         return "".join(out).encode()
 
 
-def _escape(value: str) -> str:
+def escape_label(value: str) -> str:
+    """A Prometheus label value, escaped as the exposition format asks."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -30,6 +30,9 @@ class Message(msgspec.Struct):
     content: str | list[ContentPart] | None = None
 
 
+UNAUTHORIZED = b'{"error":"Unauthorized"}'  # vLLM's body for a missing or wrong --api-key
+
+
 class StreamOptions(msgspec.Struct):
     """`stream_options`; `include_usage` adds a final usage chunk."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -207,12 +207,11 @@ async def update_replica(db: Database, rid: str, *, state: str, port: int | None
         "WHERE id = $1", rid, state, port, restarts, reason, now)
 
 
-async def prune_replicas(db: Database, before: float, keep: Iterable[str] = ()) -> int:
-    """Forgets replicas stopped before `before` (except `keep`); returns how many."""
-    kept = set(keep)
+async def prune_replicas(db: Database, before: float) -> int:
+    """Forgets replicas stopped before `before`; returns how many."""
     rows = await db.fetch("SELECT id FROM replicas WHERE state = 'stopped' AND updated_at < $1",
                           before)
-    ids = [r["id"] for r in rows if r["id"] not in kept]
+    ids = [r["id"] for r in rows]
     if ids:
         await db.executemany("DELETE FROM replicas WHERE id = $1", [(i,) for i in ids])
     return len(ids)
