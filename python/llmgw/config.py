@@ -6,6 +6,7 @@ Validation happens once, at load, and a bad field is reported with its path
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,6 +23,16 @@ Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
 class ConfigError(Exception):
     """A configuration the gateway cannot run with; the message is for the operator."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine's loopback (localhost, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def check_http_url(url: str, what: str) -> None:

@@ -178,14 +178,8 @@ class AdminApp:
                 503, "control_plane.no_leader", "this control plane is a standby and no leader "
                 f"is known right now; try again shortly ({wait}), or ask GET /api/v1/leader "
                 "which control plane leads"), headers=retry)
-        limit = MAX_INTERNAL_BODY
-        declared = scope.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            raise _too_large(limit)
-        body = await protocol() if declared is not None else await read_body(protocol, limit)
-        if body is None or len(body) > limit:
-            raise _too_large(limit)
-        headers = {k: v for k, v in scope.headers.items()}
+        body = await _raw_body(scope, protocol, MAX_INTERNAL_BODY)
+        headers = dict(scope.headers.items())
         headers["x-request-id"] = rid
         try:
             status, back, data = await forward(other.admin_url, scope.method, scope.path,
@@ -303,18 +297,23 @@ def _check_text(value: str, name: str) -> None:
         raise ApiError(400, "admin.bad_text", f"{name!r} contains a NUL character; remove it", name)
 
 
-async def _read_body(route: Route, scope: Any, protocol: Any) -> tuple[Any, bool]:
-    """The body decoded into `route.request` (None for a route without one), and whether its
-    strings are known to hold no NUL and no lone surrogate (`Request.text_clean`)."""
-    if route.request is None:
-        return None, True
-    limit = MAX_INTERNAL_BODY if route.internal else MAX_ADMIN_BODY
+async def _raw_body(scope: Any, protocol: Any, limit: int) -> bytes:
+    """The request's body bytes, at most `limit` (a 413 past it, declared or sent)."""
     declared = scope.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise _too_large(limit)
     data = await protocol() if declared is not None else await read_body(protocol, limit)
     if data is None or len(data) > limit:
         raise _too_large(limit)
+    return bytes(data)
+
+
+async def _read_body(route: Route, scope: Any, protocol: Any) -> tuple[Any, bool]:
+    """The body decoded into `route.request` (None for a route without one), and whether its
+    strings are known to hold no NUL and no lone surrogate (`Request.text_clean`)."""
+    if route.request is None:
+        return None, True
+    data = await _raw_body(scope, protocol, MAX_INTERNAL_BODY if route.internal else MAX_ADMIN_BODY)
     if not data.strip():
         if route.optional_body:
             return None, True

@@ -6,7 +6,6 @@ from msgspec import Struct
 
 from llmgw.control.pki import Authority, PkiError
 from llmgw.durations import format_duration
-from llmgw.secrets import JOIN_HASH_LABEL, derive
 from llmgw.store import joins
 from llmgw.store.joins import JoinToken
 
@@ -39,7 +38,7 @@ async def create_join_token(req: Request) -> JoinToken:
         authority = Authority(cp.data_dir)
     except PkiError as e:
         raise ApiError(409, "join.no_ca", str(e)) from None
-    return await joins.create_token(req.db, req.actor, derive(cp.secret, JOIN_HASH_LABEL), ttl,
+    return await joins.create_token(req.db, req.actor, cp.join_hash_key, ttl,
                                     authority.fingerprint)
 
 

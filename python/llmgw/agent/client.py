@@ -14,7 +14,6 @@ each connect so that renewed certificates are used without a restart.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import re
 import uuid
@@ -25,7 +24,7 @@ from typing import Any
 import grpc
 import msgspec
 
-from llmgw import __version__
+from llmgw import __version__, config
 from llmgw.agent import wire
 from llmgw.agent.clock import Clock, RealClock
 from llmgw.agent.engines import available_engines
@@ -63,12 +62,7 @@ class AgentConfigError(ValueError):
 def is_loopback(target: str) -> bool:
     """True when `target` (HOST:PORT, [V6]:PORT) names this machine's loopback."""
     host = target.rsplit(":", 1)[0] if not target.startswith("[") else target[1:].split("]")[0]
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return config.is_loopback(host)
 
 
 def check_config(config: AgentConfig) -> None:

@@ -27,11 +27,12 @@ from typing import Any
 
 import grpc
 
+from llmgw.config import is_loopback
 from llmgw.control.catalog import Model, Profile
 from llmgw.control.fleet import Fleet, NodeFacts, Registration, Status
 from llmgw.control.inventory import Gpu, Replica, ReplicaState, gpu_class_of
 from llmgw.control.pki import Authority, PkiError, peer_identity, pem, serial_hex
-from llmgw.control.settings import Settings, is_loopback
+from llmgw.control.settings import Settings
 from llmgw.secrets import parse_join_token
 from llmgw.store import joins
 from llmgw.store.errors import Forbidden

@@ -75,6 +75,8 @@ class ControlPlane:
         self.secret = b""
         self.hash_key = b""
         """The key of the API keys' keyed hash (`derive(secret, "llmgw api-key hash v1")`)."""
+        self.join_hash_key = b""
+        """The key of the join tokens' keyed hash (`derive(secret, JOIN_HASH_LABEL)`)."""
         self.gateway_token = ""
         """What gateways send as `Authorization: Bearer` to /internal/v1/*."""
         self.admin_token_digest = b""
@@ -119,6 +121,7 @@ class ControlPlane:
 
         self.secret = datadir.read_secret(self.data_dir)
         self.hash_key = derive(self.secret, HASH_LABEL)
+        self.join_hash_key = derive(self.secret, JOIN_HASH_LABEL)
         self.gateway_token = derive(self.secret, GATEWAY_TOKEN_LABEL).hex()
         self.gateway_token_digest = token_digest(self.gateway_token)
         self.admin_token_digest = token_digest(datadir.read_admin_token(self.data_dir))
@@ -141,7 +144,7 @@ class ControlPlane:
             self._base.append(task)
         # After the first round, so that an agent's first stream finds the role decided.
         self._agent_server = await agents.serve(self, s, self.data_dir,
-                                                derive(self.secret, JOIN_HASH_LABEL))
+                                                self.join_hash_key)
 
     async def _attach(self) -> None:
         for name in ATTACH:

@@ -9,14 +9,13 @@ the data dir itself).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
 
-from llmgw.config import ConfigError, read_server_yaml
+from llmgw.config import ConfigError, is_loopback, read_server_yaml
 from llmgw.control.catalog import CatalogError, Model, load_from_server
 from llmgw.durations import parse_duration
 
@@ -103,16 +102,6 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise ValueError(f"agent_insecure (plaintext) is allowed only on a loopback "
                              f"agent_host, and {self.agent_host} is not; agents on other "
                              "machines need mutual TLS")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is this machine's loopback (localhost, 127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -13,8 +13,7 @@ from datetime import UTC, datetime
 from llmgw.secrets import API_KEY_PREFIX, key_hash
 from llmgw.wire import KeyEntry, Limits, Snapshot
 
-PREFIX = API_KEY_PREFIX
-KEY_LENGTH = len(PREFIX) + 40
+KEY_LENGTH = len(API_KEY_PREFIX) + 40
 
 # Query parameters under which clients (and some SDKs) put keys: a key in a URL ends up
 # in access logs and browser histories, so such a request is refused, not served.
@@ -59,7 +58,7 @@ class KeyTable:
         key = key.strip()
         # The shape only; other characters simply match no hash (checking the alphabet
         # here cost more than the hash lookup it would save).
-        if scheme.lower() != "bearer" or len(key) != KEY_LENGTH or not key.startswith(PREFIX):
+        if scheme.lower() != "bearer" or len(key) != KEY_LENGTH or not key.startswith(API_KEY_PREFIX):
             raise Unauthorized(MALFORMED)
         entry = self.by_hash.get(key_hash(self.hash_key, key))
         if entry is None:
@@ -72,4 +71,4 @@ class KeyTable:
 
 def _key_in_query(query: str) -> bool:
     low = query.lower()
-    return PREFIX in low or any(p.partition("=")[0] in _QUERY_NAMES for p in low.split("&"))
+    return API_KEY_PREFIX in low or any(p.partition("=")[0] in _QUERY_NAMES for p in low.split("&"))
