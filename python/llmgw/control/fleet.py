@@ -344,10 +344,16 @@ class Fleet:
             await self._stop(a.replica, a.drain, a.reason, now)
         # Publish is done by the caller, once; Unpublish is in its set.
 
-    async def _start(self, r: Replica, now: float) -> None:
+    def _spec(self, r: Replica) -> tuple[Model, Profile] | None:
+        """The catalog's model and profile a replica runs; None when either is gone."""
         model = self.catalog.get(r.model)
         profile = model.profile(r.profile) if model else None
-        assert model is not None and profile is not None  # plan placed it from the catalog
+        return None if model is None or profile is None else (model, profile)
+
+    async def _start(self, r: Replica, now: float) -> None:
+        spec = self._spec(r)
+        assert spec is not None  # plan placed it from the catalog
+        model, profile = spec
         log.info("placing %s on node %s (profile %s, GPUs %s)", r.id, r.node, r.profile,
                  ", ".join(r.gpus) or "none")
         self.replicas[r.id] = r
@@ -473,13 +479,11 @@ class Fleet:
                 if r.node != reg.node_id or r.id in running:
                     continue
                 if r.state in ("pending", "starting", "ready"):
-                    model = self.catalog.get(r.model)
-                    profile = model.profile(r.profile) if model else None
-                    if model is not None and profile is not None:
+                    if (spec := self._spec(r)) is not None:
                         log.info("node %s does not run %s: starting it again", r.node, r.id)
                         await self._set_replica(r.id, now, state="pending", port=None,
                                                 reason="started again: its node did not run it")
-                        link.start(self.replicas[r.id], model, profile, self.engine_key)
+                        link.start(self.replicas[r.id], *spec, self.engine_key)
                 elif r.state == "draining":
                     await self._set_replica(r.id, now, state="stopped")
         self.wake()
@@ -713,12 +717,11 @@ class Fleet:
             for rid in dict.fromkeys(chosen):
                 r = self.replicas[rid]
                 link = self.links.get(r.node)
-                model = self.catalog.get(r.model)
-                profile = model.profile(r.profile) if model else None
-                if r.state == "parked" and link is not None and model and profile:
+                spec = self._spec(r)
+                if r.state == "parked" and link is not None and spec is not None:
                     await self._set_replica(rid, now, state="pending",
                                             reason="restarted by an operator")
-                    link.start(self.replicas[rid], model, profile, self.engine_key)
+                    link.start(self.replicas[rid], *spec, self.engine_key)
                     done.append((rid, "started again in place"))
                 elif r.state in LIVE:
                     await self._publish([p for p in self.published if p != rid])
