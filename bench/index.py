@@ -54,7 +54,9 @@ def figures_and_checks(raw: dict[str, Any]) -> tuple[dict[str, float | None], li
 
     Ingest must meet the target in both encodings, so the slower one is the figure.
     The bench times three kinds of 8k-token lookup; each is checked, since the issue
-    does not say which prompts it means. Bytes per block is the worst of the fills
+    does not say which prompts it means. Each is timed on 64 prompts whose token ids
+    are in cache, as they are right after tokenization; the streamed figure (the
+    all-replicas lookups over 800 prompts read from memory) is reported beside them. Bytes per block is the worst of the fills
     measured.
     """
 
@@ -71,6 +73,11 @@ def figures_and_checks(raw: dict[str, Any]) -> tuple[dict[str, float | None], li
         "ingest_blocks_per_s_map": num("ingest_blocks_per_s_map"),
         "ingest_blocks_per_s_array": num("ingest_blocks_per_s_array"),
         "lookups_per_s_8k_hit_all_replicas": num("lookups_per_s_hit_all_replicas"),
+        # The same lookups over 25 MB of prompts: also the time to read their
+        # token ids from memory, which a just-tokenized prompt does not pay.
+        "lookups_per_s_8k_hit_all_replicas_streamed": num(
+            "lookups_per_s_hit_all_replicas_streamed"
+        ),
         "lookups_per_s_8k_hit_one_replica": num("lookups_per_s_hit_one_replica"),
         "lookups_per_s_8k_miss": num("lookups_per_s_miss"),
         "bytes_per_block": worst(

@@ -62,7 +62,9 @@ fn serve(stream: TcpStream) -> io::Result<()> {
             if header.is_empty() {
                 break;
             }
-            let Some((name, value)) = header.split_once(':') else { continue };
+            let Some((name, value)) = header.split_once(':') else {
+                continue;
+            };
             let value = value.trim();
             if name.eq_ignore_ascii_case("content-length") {
                 length = value.parse().unwrap_or(0);
@@ -77,7 +79,11 @@ fn serve(stream: TcpStream) -> io::Result<()> {
         } else {
             io::copy(&mut (&mut reader).take(length as u64), &mut io::sink())?;
         }
-        let (ctype, body) = if post { ("application/json", ANSWER) } else { ("text/plain", "") };
+        let (ctype, body) = if post {
+            ("application/json", ANSWER)
+        } else {
+            ("text/plain", "")
+        };
         write!(
             out,
             "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\n\r\n{body}",

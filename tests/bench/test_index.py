@@ -20,6 +20,7 @@ RAW = {
     "bytes_per_block_mid": 49,
     "lookup_index_bytes_per_block": 50,
     "lookups_per_s_hit_all_replicas": 79_000,
+    "lookups_per_s_hit_all_replicas_streamed": 60_000,
     "lookups_per_s_hit_one_replica": 600_000,
     "lookups_per_s_miss": 1_177_211,
     "cpu_share": 0.62,
