@@ -279,3 +279,12 @@ def test_revoking_many_keys_is_a_few_statements_with_an_audit_row_each(store_url
             assert e.after == {**msgspec.to_builtins(after), "reason": "user bob deleted"}
 
     with_db(store_url, body)
+
+
+def test_the_gateways_key_hasher_gives_the_stored_hash() -> None:
+    from llmgw.secrets import KeyHasher
+
+    hasher = KeyHasher(HASH_KEY)
+    for key in ("sk-llmgw-" + "a" * 40, "sk-llmgw-" + "Z9" * 20, ""):
+        assert hasher(key) == key_hash(HASH_KEY, key)
+        assert hasher(key) == key_hash(HASH_KEY, key)  # the keyed state is not used up

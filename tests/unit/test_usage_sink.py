@@ -29,8 +29,8 @@ def test_an_open_whose_request_ended_before_the_post_is_not_sent() -> None:
 
     async def main() -> None:
         sink = UsageSink(None, ship=ship, gateway_id="gw")
-        sink.open(_open("done"))
-        sink.open(_open("running"))
+        sink.open("done", _open("done"))
+        sink.open("running", _open("running"))
         sink.record(_final("done"))
         assert await sink.send()
         sink.record(_final("running"))
@@ -77,12 +77,12 @@ def test_an_open_queued_during_a_post_is_kept_for_the_next_one() -> None:
         posted.append(msgspec.json.decode(body, type=UsageBatch))
         if len(posted) == 1:  # while the first post is in flight: a ends, d starts
             sink.record(_final("a"))
-            sink.open(_open("d"))
+            sink.open("d", _open("d"))
 
     async def main() -> None:
         sink.ship = ship
         for rid in ("a", "b", "c"):
-            sink.open(_open(rid))
+            sink.open(rid, _open(rid))
         assert await sink.send()
         assert await sink.send()
 
@@ -91,3 +91,23 @@ def test_an_open_queued_during_a_post_is_kept_for_the_next_one() -> None:
         (["a", "b", "c"], []),
         (["d"], ["a"]),
     ]
+
+
+def test_the_proxy_builds_records_in_field_order_and_opens_only_when_sent() -> None:
+    """The gateway builds UsageRecord positionally: its fields must stay in this order."""
+    from llmgw.gateway.proxy import Call
+    from llmgw.wire import KeyEntry, Limits
+
+    assert UsageRecord.__struct_fields__[:21] == (
+        "request_id", "model", "upstream_model", "replica", "status", "http_status", "stream",
+        "prompt_tokens", "completion_tokens", "usage_estimated", "ttft_ms", "duration_ms",
+        "finish_reason", "retries", "started_at", "route", "key_id", "user_id", "project_id",
+        "team_id", "org_id")
+    assert UsageRecord.__struct_fields__[21:] == ("request_body", "response_body")
+    e = KeyEntry(key_id="key_a", hash="h", org_id="o", team_id="t", project_id="p", user_id="u",
+                 expires_at=None, limits=Limits())
+    call = Call("rid1", "m", "m-up", False, e)
+    call.estimate = 7
+    assert call.usage_open() == UsageOpen(request_id="rid1", model="m", started_at=call.started_at,
+                                          prompt_estimate=7, key_id="key_a", user_id="u",
+                                          project_id="p", team_id="t", org_id="o")

@@ -272,9 +272,18 @@ class Gateway:
         if self.limiter is not None and entry is not None:
             completion = 0 if scope.path == "/v1/embeddings" else (
                 head.max_completion_tokens or head.max_tokens or DEFAULT_COMPLETION_ESTIMATE)
-            got = await self._admit(protocol, rid, entry, model, len(data) // 4 + completion)
+            cost = len(data) // 4 + completion
+            # From what the worker holds, without a coroutine; `_admit` waits for a lease
+            # or answers the refusal (it takes again, and is refused again).
+            assert self.keys is not None  # an entry comes from the keys
+            try:
+                got = self.limiter.take(entry, self.keys.projects.get(entry.project_id), cost)
+            except Denied:
+                got = None
             if got is None:
-                return None
+                got = await self._admit(protocol, rid, entry, model, cost)
+                if got is None:
+                    return None
             ticket = got
         call = Call(rid, model, target, stream, entry, keep)
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from llmgw.secrets import API_KEY_PREFIX, key_hash
+from llmgw.secrets import API_KEY_PREFIX, KeyHasher
 from llmgw.wire import KeyEntry, Limits, Snapshot
 
 KEY_LENGTH = len(API_KEY_PREFIX) + 40
@@ -37,7 +37,7 @@ class KeyTable:
     """The keys and project limits of the current snapshot, by keyed hash."""
 
     def __init__(self, hash_key: bytes) -> None:
-        self.hash_key = hash_key
+        self._hash = KeyHasher(hash_key)
         self.version: int | None = None
         self.by_hash: dict[str, KeyEntry] = {}
         self.projects: dict[str, Limits] = {}
@@ -60,7 +60,7 @@ class KeyTable:
         # here cost more than the hash lookup it would save).
         if scheme.lower() != "bearer" or len(key) != KEY_LENGTH or not key.startswith(API_KEY_PREFIX):
             raise Unauthorized(MALFORMED)
-        entry = self.by_hash.get(key_hash(self.hash_key, key))
+        entry = self.by_hash.get(self._hash(key))
         if entry is None:
             raise Unauthorized(UNKNOWN)
         if entry.expires_at is not None and entry.expires_at <= (time.time() if now is None else now):

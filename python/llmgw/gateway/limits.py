@@ -188,6 +188,9 @@ class Limiter:
         self.clock = clock
         self.keys: dict[str, Share] = {}
         self.projects: dict[str, Share] = {}
+        self._memo: dict[str, tuple[KeyEntry, Limits | None, tuple[Share, ...]]] = {}
+        """Key id -> (entry, project limits, their shares) as last worked out: a request of
+        the same snapshot's entry skips comparing limits and two dict lookups."""
         self.heartbeat = 1.0
         self._last_call = 0.0
         self._round: asyncio.Future[bool] | None = None
@@ -196,6 +199,9 @@ class Limiter:
 
     # -- the request path -------------------------------------------------------------
     def _shares(self, entry: KeyEntry, project: Limits | None) -> tuple[Share, ...]:
+        memo = self._memo.get(entry.key_id)
+        if memo is not None and memo[0] is entry and memo[1] is project:
+            return memo[2]
         out: tuple[Share, ...] = ()
         if entry.limits != NO_LIMITS:
             ks = self.keys.get(entry.key_id)
@@ -213,6 +219,7 @@ class Limiter:
             elif ps.limits is not project:
                 ps.set_limits(project)
             out += (ps,)
+        self._memo[entry.key_id] = (entry, project, out)
         return out
 
     def take(self, entry: KeyEntry, project: Limits | None, cost: int = 1) -> Ticket | None:
@@ -351,6 +358,7 @@ class Limiter:
                         s.slots_held or s.units or s.back or s.tok_over or s.want_units or s.want_slots
                         or s.want_tokens)):
                     del d[name]  # a key not used for a while: its share is made again when it is
+                    self._memo.clear()
                     continue
                 self._renew(s, now)
                 if not (s.want_units or s.want_slots or s.want_tokens or s.back or s.tok_over or tell

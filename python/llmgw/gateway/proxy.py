@@ -58,6 +58,7 @@ class Call:
         "body",
         "completion",
         "entry",
+        "estimate",
         "estimated",
         "exchange",
         "finish",
@@ -107,6 +108,17 @@ class Call:
         self.http_status = 200
         self.status = "ok"
         self.route: str | None = None
+        self.estimate = 0
+
+    def usage_open(self) -> UsageOpen:
+        """The control plane's row for this request while it runs (see `UsageSink.open`)."""
+        e = self.entry
+        if e is None:
+            return UsageOpen(request_id=self.rid, model=self.model, started_at=self.started_at,
+                             prompt_estimate=self.estimate)
+        return UsageOpen(request_id=self.rid, model=self.model, started_at=self.started_at,
+                         prompt_estimate=self.estimate, key_id=e.key_id, user_id=e.user_id,
+                         project_id=e.project_id, team_id=e.team_id, org_id=e.org_id)
 
     def client_gone(self, fut: asyncio.Future[Any]) -> None:
         """The client disconnected: abort whatever upstream exchange is running."""
@@ -142,14 +154,10 @@ class Proxy:
         """Runs the request to its end and answers the client; never raises."""
         call.timer = self.loop.call_later(DISCONNECT_WATCH_DELAY, self._watch, protocol, call)
         if self.usage.ship is not None:
-            e = call.entry
-            self.usage.open(UsageOpen(
-                request_id=call.rid, model=call.model, started_at=call.started_at,
-                prompt_estimate=len(body) // 4,  # about 4 bytes of JSON per token
-                key_id=None if e is None else e.key_id, user_id=None if e is None else e.user_id,
-                project_id=None if e is None else e.project_id, team_id=None if e is None else e.team_id,
-                org_id=None if e is None else e.org_id,
-            ))
+            # The open is built only if the call is still running when a batch leaves
+            # (`Call.usage_open`): most requests end first and never need one.
+            call.estimate = len(body) // 4  # about 4 bytes of JSON per token
+            self.usage.open(call.rid, call)
         try:
             await self._attempts(protocol, call, path, body, extra_headers, strip_usage)
         except Failure as f:
@@ -433,30 +441,36 @@ class Proxy:
         self.metrics.request(call.model, call.status, duration, call.ttft, call.prompt, call.completion)
         if not self.usage.enabled:
             return  # no usage log and no control plane: building the record would be waste
+        e = call.entry
+        key_id = user_id = project_id = team_id = org_id = None
+        if e is not None:
+            key_id, user_id, project_id, team_id, org_id = e.key_id, e.user_id, e.project_id, e.team_id, e.org_id
+        body, answer = _bodies(call)
+        ttft = call.ttft
+        # Positional (field order of UsageRecord, pinned by a test): keywords cost
+        # 0.8 µs of the request's CPU against 0.1, and round() 0.3 µs a field.
         self.usage.record(UsageRecord(
-            request_id=call.rid, model=call.model, upstream_model=call.target, replica=call.replica,
-            status=call.status, http_status=call.http_status, stream=call.stream,
-            prompt_tokens=call.prompt, completion_tokens=call.completion,
-            usage_estimated=call.estimated,
-            ttft_ms=None if call.ttft is None else round(call.ttft * 1000, 3),
-            duration_ms=round(duration * 1000, 3), finish_reason=call.finish,
-            retries=call.retries, started_at=call.started_at,
-            route=NULL if call.route is None else msgspec.Raw(call.route),
-            **_principal(call),
+            call.rid, call.model, call.target, call.replica, call.status, call.http_status,
+            call.stream, call.prompt, call.completion, call.estimated,
+            None if ttft is None else _millis(ttft), _millis(duration), call.finish,
+            call.retries, call.started_at, NULL if call.route is None else msgspec.Raw(call.route),
+            key_id, user_id, project_id, team_id, org_id, body, answer,
         ))
 
 
-def _principal(call: Call) -> dict[str, Any]:
-    """The usage record's fields naming who made the request, and its bodies when kept."""
-    e = call.entry
-    if e is None:
-        return {}
-    out: dict[str, Any] = {"key_id": e.key_id, "user_id": e.user_id, "project_id": e.project_id,
-                           "team_id": e.team_id, "org_id": e.org_id}
+def _millis(seconds: float) -> float:
+    """Seconds as milliseconds to the microsecond (`round(x * 1000, 3)`, at a fifth of its cost)."""
+    return int(seconds * 1_000_000 + 0.5) / 1000
+
+
+_NO_BODIES = (NULL, None)
+
+
+def _bodies(call: Call) -> tuple[msgspec.Raw, bytes | None]:
+    """The usage record's request and response bodies: kept ones, or none."""
     if call.keep is not None and call.body is not None:
-        out["request_body"] = msgspec.Raw(call.body)
-        out["response_body"] = b"".join(call.keep)
-    return out
+        return msgspec.Raw(call.body), b"".join(call.keep)
+    return _NO_BODIES
 
 
 class _Retry(Exception):

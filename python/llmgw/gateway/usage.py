@@ -18,6 +18,7 @@ import itertools
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import msgspec
 
@@ -33,6 +34,12 @@ MAX_BATCH_RECORDS = 2000
 """Records per post at most: an outage's backlog leaves in several posts."""
 MAX_BATCH_BYTES = 16 << 20
 """Bytes per post at most, well under what the control plane reads (32 MiB)."""
+
+
+class Opening(Protocol):
+    """A request that was forwarded: its open is built when a batch leaves, if still running."""
+
+    def usage_open(self) -> UsageOpen: ...
 
 
 class BatchRejected(Exception):
@@ -55,9 +62,10 @@ class UsageSink:
         self.gateway_id = gateway_id
         self.max_pending = max_pending
         self.pending: list[UsageRecord] = []
-        self.opens: dict[str, UsageOpen] = {}
+        self.opens: dict[str, Opening] = {}
         """Request id -> its open, until sent. A request that ends first takes its open out
-        (its final says everything the open did): short requests cost one record, not two."""
+        (its final says everything the open did): short requests cost one record, not two,
+        and never build their open."""
         self.finals: list[UsageRecord] = []
         self.last_used: dict[str, float] = {}
         self.dropped = 0
@@ -84,14 +92,14 @@ class UsageSink:
             if rec.key_id is not None:
                 self.last_used[rec.key_id] = rec.started_at
 
-    def open(self, rec: UsageOpen) -> None:
+    def open(self, rid: str, rec: Opening) -> None:
         """Queues a request just forwarded (control plane only); never blocks."""
         if self.ship is None:
             return
         if len(self.finals) + len(self.opens) >= self.max_pending:
             self.dropped += 1
             return
-        self.opens[rec.request_id] = rec
+        self.opens[rid] = rec
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Starts the periodic flush."""
@@ -191,7 +199,8 @@ class UsageSink:
         return True
 
     def _batch(self, n_open: int, n_final: int, last_used: dict[str, float]) -> bytes:
-        return self._encoder.encode(UsageBatch(gateway_id=self.gateway_id, opens=list(itertools.islice(self.opens.values(), n_open)),
+        opens = [o.usage_open() for o in itertools.islice(self.opens.values(), n_open)]
+        return self._encoder.encode(UsageBatch(gateway_id=self.gateway_id, opens=opens,
                                                finals=self.finals[:n_final], key_last_used=last_used))
 
     async def close(self) -> None:
