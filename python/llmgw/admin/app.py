@@ -327,7 +327,9 @@ async def _read_body(route: Route, scope: Any, protocol: Any) -> tuple[Any, bool
         # Not on internal routes: a kept request body may hold an escaped NUL, which is
         # stored as the six characters of its escape, and refusing the batch would drop
         # every other record in it.
-        nul = b"\\u0000" in data
+        # The one-byte search first: it runs at memory speed, the six-byte one at a tenth of
+        # that (0.3 µs of a usage record's ~600 bytes), and most bodies have no backslash.
+        nul = b"\\" in data and b"\\u0000" in data
         if nul and not route.internal:
             raise ApiError(400, "admin.bad_text", "the body contains a NUL character (\\u0000) "
                            "in a string; remove it")

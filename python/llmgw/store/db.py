@@ -70,6 +70,14 @@ class Database(Protocol):
         callers check `dialect` first (its `executemany` is already one C loop)."""
         ...
 
+    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
+        """SQLite only: `{head} VALUES (..), (..), .. {tail}` for all of `rows` (each as wide
+        as the columns `head` names), in as few statements as SQLite's limit on parameters
+        allows. One statement steps once for hundreds of rows where `executemany` steps (and
+        hands Python's lock back and forth) once per row. PostgreSQL raises StoreError:
+        callers check `dialect` first (there, `copy_records`)."""
+        ...
+
     def transaction(self) -> AbstractAsyncContextManager[Database]:
         """A transaction: the `Database` it yields runs every statement inside it; leaving the
         block commits, an exception rolls back. Other callers wait until it ends (SQLite) or

@@ -72,6 +72,10 @@ class PostgresDatabase:
         async with self._connection() as conn:
             return await _Conn(conn, self.url).fetchval(sql, *args)
 
+    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
+        """SQLite only; on PostgreSQL, `copy_records` (or `executemany`) lands many rows."""
+        raise StoreError("insert_values is SQLite only; use copy_records or executemany on PostgreSQL")
+
     async def copy_records(
         self, table: str, columns: Sequence[str], records: Iterable[Sequence[Any]]
     ) -> int:
@@ -169,6 +173,10 @@ class _Conn:
         """The first column of the first row, or None."""
         row = await self.fetchrow(sql, *args)
         return None if row is None else row[0]
+
+    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
+        """SQLite only; on PostgreSQL, `copy_records` (or `executemany`) lands many rows."""
+        raise StoreError("insert_values is SQLite only; use copy_records or executemany on PostgreSQL")
 
     async def copy_records(
         self, table: str, columns: Sequence[str], records: Iterable[Sequence[Any]]

@@ -11,6 +11,8 @@ consistent file while the control plane writes.
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import re
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -29,7 +31,28 @@ _PLACEHOLDER = re.compile(r"\$(\d+)")
 def _sql(sql: str) -> str:
     # `$n` and SQLite's `?n` bind identically by position; rewriting keeps one
     # text of every query for both backends.
-    return _PLACEHOLDER.sub(r"?\1", sql)
+    return _PLACEHOLDER.sub(r"?\1", sql) if "$" in sql else sql
+
+
+# Rows per statement of `insert_values` at most: past a few hundred a larger statement
+# saves nothing more, and its text (and sqlite3's cached copy) grows with it.
+_VALUES_ROWS = 1000
+
+
+@functools.cache
+def _values_sql(head: str, width: int, n: int, tail: str) -> str:
+    one = "(" + ", ".join("?" * width) + ")"
+    return f"{head} VALUES {', '.join([one] * n)} {tail}"
+
+
+def _insert_values(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[Any]], tail: str) -> None:
+    if not rows:
+        return
+    width = len(rows[0])
+    per = max(1, min(_VALUES_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width))
+    for i in range(0, len(rows), per):
+        chunk = rows[i:i + per]
+        conn.execute(_values_sql(head, width, len(chunk), tail), list(itertools.chain.from_iterable(chunk)))
 
 
 def file_of(url: str) -> str:
@@ -118,6 +141,21 @@ class SqliteDatabase:
 
         await self._locked(run)
 
+    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
+        """All of `rows` in multi-row statements, inside one transaction."""
+        batch = list(rows)
+
+        def run() -> None:
+            self._conn.execute("BEGIN")
+            try:
+                _insert_values(self._conn, head, batch, tail)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+        await self._locked(run)
+
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         """All rows of a query."""
         return await self._locked(lambda: self._conn.execute(_sql(sql), args).fetchall())
@@ -192,6 +230,11 @@ class _Tx:
         """Runs a statement per row."""
         conn, batch = self._db._conn, list(rows)
         await self._db._run(lambda: conn.executemany(_sql(sql), batch))
+
+    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
+        """All of `rows` in multi-row statements."""
+        conn, batch = self._db._conn, list(rows)
+        await self._db._run(lambda: _insert_values(conn, head, batch, tail))
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         """All rows of a query."""

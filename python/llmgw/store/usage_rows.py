@@ -54,8 +54,7 @@ async def bulk_insert(
             *[list(c) for c in zip(*rows, strict=True)],
         )
         return
-    marks = ", ".join(f"${i}" for i in range(1, len(cols) + 1))
-    await tx.executemany(f"{head} ({names}) VALUES ({marks}) {tail}", rows)
+    await tx.insert_values(f"{head} ({names})", rows, tail)
 
 
 # The columns a final writes, in the order of `_final_values`: the rows of SQLite's
@@ -93,6 +92,8 @@ _FINAL_SET = ", ".join(f"{c} = excluded.{c}" for c in _FINAL_COLS[1:])
 _FINAL_TAIL = (
     f"ON CONFLICT (id) DO UPDATE SET {_FINAL_SET} WHERE requests.state <> 'final' RETURNING id"
 )
+
+_FINAL_SQLITE_HEAD = f"INSERT INTO requests ({', '.join(_FINAL_COLS)})"
 
 # PostgreSQL: finals land in a temporary table by binary COPY, then move with one upsert.
 # Against the json_to_recordset() it replaces, this saved about 8 µs of server time per
@@ -154,12 +155,7 @@ async def write_finals(
         await tx.copy_records(_FINALS_IN, _FINAL_COLS, values)
         rows = await tx.fetch(_FINAL_PG)
         return {r["id"] for r in rows}
-    marks = ", ".join(f"${i}" for i in range(1, len(_FINAL_COLS) + 1))
-    await tx.executemany(
-        f"INSERT INTO requests ({', '.join(_FINAL_COLS)}) VALUES ({marks}) "
-        + _FINAL_TAIL.removesuffix(" RETURNING id"),
-        values,
-    )
+    await tx.insert_values(_FINAL_SQLITE_HEAD, values, _FINAL_TAIL.removesuffix(" RETURNING id"))
     return None
 
 
