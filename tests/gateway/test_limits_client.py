@@ -157,3 +157,36 @@ def test_a_busy_share_is_renewed_ahead_so_requests_do_not_wait() -> None:
     # each (10 here); a margin of 2 for a loop tick delayed on a busy machine.
     assert 1 <= waited <= 3
     assert units > 0
+
+
+def test_a_forgotten_share_is_made_again_and_a_new_snapshot_entry_brings_its_limits() -> None:
+    """The limiter remembers each key's shares per snapshot entry; neither a share dropped
+    for idleness nor a changed limit may leave a request with a stale one."""
+    import llmgw.gateway.limits as limits_mod
+
+    async def main() -> None:
+        limiter = Limiter("gw", Counting(LimitsAuthority()), idle_return=0.0, interval=0.01)
+        task = asyncio.ensure_future(limiter.run())
+        old = limits_mod.FORGET_AFTER
+        try:
+            entry = _entry(Limits(rpm=6000))
+            t = limiter.take(entry, None) or await limiter.acquire(entry, None)
+            limiter.release(t, 1)
+            first = limiter.keys["key_1"]
+            # Idle past FORGET_AFTER: the share's units go back and the share is dropped.
+            limits_mod.FORGET_AFTER = 0.0
+            while "key_1" in limiter.keys:
+                await asyncio.sleep(0.01)
+            limits_mod.FORGET_AFTER = old
+            t = limiter.take(entry, None) or await limiter.acquire(entry, None)
+            limiter.release(t, 1)
+            assert limiter.keys["key_1"] is not first
+            # A new snapshot's entry for the key, with another limit: the share takes it.
+            stricter = _entry(Limits(rpm=1))
+            t = limiter.take(stricter, None) or await limiter.acquire(stricter, None)
+            assert limiter.keys["key_1"].limits == Limits(rpm=1)
+        finally:
+            limits_mod.FORGET_AFTER = old
+            task.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
