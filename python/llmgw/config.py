@@ -35,6 +35,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def url_host(host: str) -> str:
+    """`host` as the host part of a URL or a HOST:PORT address: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
 def check_http_url(url: str, what: str) -> None:
     """ValueError `{what}; expected http://HOST:PORT` unless `url` is http://HOST[:PORT].
 

@@ -142,3 +142,12 @@ def test_postgresql_store(tmp_path: Path) -> None:
                 assert status < 500, (r.method, r.path, status)
     finally:
         drop_pg_database(url)
+
+
+def test_url_host_brackets_ipv6_only() -> None:
+    from llmgw.config import url_host
+
+    assert url_host("127.0.0.1") == "127.0.0.1"
+    assert url_host("node-1.example") == "node-1.example"
+    assert url_host("::1") == "[::1]"
+    assert url_host("fd00::2") == "[fd00::2]"

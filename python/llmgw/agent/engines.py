@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 
 import msgspec
 
+from llmgw.config import url_host
 from llmgw.llamacpp.config import KEY_ENV as LLAMACPP_KEY_ENV
 from llmgw.secrets import derive
 
@@ -79,7 +80,7 @@ class UnknownEngineError(ValueError):
 def _probe_host(host: str) -> str:
     if host in ("0.0.0.0", "", "::"):
         return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
+    return url_host(host)
 
 
 def _base_env(req: LaunchRequest) -> dict[str, str]:
@@ -109,7 +110,7 @@ def _tp(req: LaunchRequest, flag: str) -> list[str]:
 def _zmq(host: str, port: int) -> str:
     if host in ("0.0.0.0", "", "::"):
         return f"tcp://*:{port}"
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    return f"tcp://{url_host(host)}:{port}"
 
 
 def _vllm_kv_events(req: LaunchRequest) -> list[str]:

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from llmgw.config import url_host
 from llmgw.secrets import parse_join_token
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1.agent_pb2_grpc import AgentServiceStub
@@ -120,7 +121,7 @@ def join(target: str, join_port: int | None, token: str, node_id: str, state_dir
     csr = (x509.CertificateSigningRequestBuilder()
            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]))
            .sign(key, hashes.SHA256()))
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    address = f"{url_host(host)}:{port}"
     with grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca_pem)) as ch:
         try:
             answer: pb.JoinResponse = AgentServiceStub(ch).Join(pb.JoinRequest(

@@ -38,7 +38,7 @@ from typing import IO, Any
 
 import yaml
 
-from llmgw.config import ControlPlane, GatewayConfig
+from llmgw.config import ControlPlane, GatewayConfig, url_host
 
 from .gateway import serve
 
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     model = args.model or DEFAULT_MODELS[engine]
     data_dir = (args.data_dir or default_data_dir()).expanduser().absolute()
     admin_url = f"http://127.0.0.1:{args.admin_port}"
-    shown = f"[{args.host}]" if ":" in args.host else args.host
+    shown = url_host(args.host)
     base_url = f"http://{shown}:{args.port}/v1"
     config = write_server_yaml(data_dir, args.agent_port, f"http://{shown}:{args.port}",
                                model_entry(engine, model, args.ttft_ms, args.itl_ms))

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import msgspec
 
 from llmgw.agent.engines import engine_key
+from llmgw.config import url_host
 from llmgw.control import placement, reconciler
 from llmgw.control.catalog import Catalog, CatalogError, Model, Profile
 from llmgw.control.inventory import LIVE, AdminState, Gpu, Node, Observed, Replica, ReplicaState
@@ -434,7 +435,7 @@ class Fleet:
         """The address gateways reach the replica's node at (bracketed when IPv6)."""
         facts = self.facts.get(r.node)
         host = (facts.address if facts else "") or "127.0.0.1"
-        return f"[{host}]" if ":" in host else host
+        return url_host(host)
 
     def url(self, r: Replica) -> str | None:
         """http://HOST:PORT of a replica's engine, or None before it has a port."""

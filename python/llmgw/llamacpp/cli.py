@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from llmgw.config import url_host
 from llmgw.llamacpp.config import KEY_ENV, LlamaConfig, ModelSourceError, resolve_gguf, to_env
 from llmgw.serving import announce_when_listening
 
@@ -62,8 +63,7 @@ def run(args: argparse.Namespace) -> int:
         log_access=False,
         log_level=LogLevels.warning,
     )
-    shown = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    line = f"{READY_PREFIX} http://{shown}:{cfg.port} (model {name} from {path}, on the CPU)"
+    line = f"{READY_PREFIX} http://{url_host(cfg.host)}:{cfg.port} (model {name} from {path}, on the CPU)"
     server.on_startup(lambda: announce_when_listening(cfg.host, cfg.port, line))
     server.serve()
     return 0

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from llmgw.config import url_host
 from llmgw.serving import announce_when_listening
 from llmgw.sim.config import ENV_VAR, SimConfig, to_env
 
@@ -109,8 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
     # granian binds on Linux inside each worker (SO_REUSEPORT), so the port refuses
     # connections until a worker is up: announce only once a connect succeeds.
-    shown = f"[{config.host}]" if ":" in config.host else config.host
-    line = f"{READY_PREFIX} http://{shown}:{config.port} (SIMULATED engine, no GPU)"
+    line = f"{READY_PREFIX} http://{url_host(config.host)}:{config.port} (SIMULATED engine, no GPU)"
     server.on_startup(lambda: announce_when_listening(config.host, config.port, line))
     server.serve()
     return 0
