@@ -37,6 +37,25 @@ def announce_when_listening(host: str, port: int, line: str, timeout: float = 60
     threading.Thread(target=probe, name="llmgw-ready", daemon=True).start()
 
 
+def serve_app(target: str, host: str, port: int, line: str, *, workers: int = 1, **options: Any) -> None:
+    """Serves the RSGI app factory `target` ("module:function") with granian on uvloop until
+    it is told to stop, printing `line` once the port accepts (`announce_when_listening`).
+
+    Every llmgw server runs this way: the gateway, the control plane, the engines. Access
+    logs are off and granian logs warnings only, so stdout carries the one ready line.
+    `options` go to granian as they are (the gateway's backlog and header timeout).
+    """
+    from granian import Granian  # imported late: `--help` does not pay for it
+    from granian.constants import Interfaces, Loops
+    from granian.log import LogLevels
+
+    server = Granian(target, factory=True, interface=Interfaces.RSGI, loop=Loops.uvloop,
+                     workers=workers, address=host, port=port, log_access=False,
+                     log_level=LogLevels.warning, **options)
+    server.on_startup(lambda: announce_when_listening(host, port, line))
+    server.serve()
+
+
 async def read_body(protocol: Any, limit: int) -> bytes | None:
     """An RSGI request's whole body, or None once it passes `limit` bytes (reading stops there).
 

@@ -21,7 +21,7 @@ from llmgw.config import (
     read_server_yaml,
     validate_server,
 )
-from llmgw.serving import announce_when_listening
+from llmgw.serving import serve_app
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -86,10 +86,7 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
 
 def serve(cfg: GatewayConfig) -> None:
     """Runs granian with the gateway app until it is told to stop."""
-    from granian import Granian
-    from granian.constants import Interfaces, Loops
     from granian.http import HTTP1Settings
-    from granian.log import LogLevels
 
     os.environ[CONFIG_ENV] = encode_gateway(cfg).decode()
     if cfg.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
@@ -100,24 +97,11 @@ def serve(cfg: GatewayConfig) -> None:
         metrics_dir = tempfile.mkdtemp(prefix="llmgw-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         atexit.register(shutil.rmtree, metrics_dir, True)
-    server = Granian(
-        "llmgw.gateway.app:create_app",
-        factory=True,
-        address=cfg.host,
-        port=cfg.port,
-        interface=Interfaces.RSGI,
-        workers=cfg.workers,
-        loop=Loops.uvloop,
-        log_access=False,
-        log_level=LogLevels.warning,
-        backlog=2048,
-        http1_settings=HTTP1Settings(header_read_timeout=int(cfg.timeouts.client_headers * 1000)),
-    )
-    line = (f"llmgw gateway listening on http://{cfg.host}:{cfg.port} "
-            f"({len(cfg.endpoints)} replicas, {cfg.workers} worker{'s' if cfg.workers > 1 else ''})")
-    server.on_startup(lambda: announce_when_listening(cfg.host, cfg.port, line))
-
-    server.serve()
+    serve_app("llmgw.gateway.app:create_app", cfg.host, cfg.port,
+              f"llmgw gateway listening on http://{cfg.host}:{cfg.port} "
+              f"({len(cfg.endpoints)} replicas, {cfg.workers} worker{'s' if cfg.workers > 1 else ''})",
+              workers=cfg.workers, backlog=2048,
+              http1_settings=HTTP1Settings(header_read_timeout=int(cfg.timeouts.client_headers * 1000)))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from typing import IO
 
 from llmgw.config import ConfigError
 from llmgw.control.datadir import DataDirError
-from llmgw.serving import announce_when_listening
+from llmgw.serving import serve_app
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -115,9 +115,6 @@ def _lock_sqlite(store: str, data_dir: Path) -> IO[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     """Prepares the data dir and store, then serves until SIGTERM/SIGINT."""
-    from granian import Granian
-    from granian.constants import Interfaces, Loops
-    from granian.log import LogLevels
 
     from llmgw.control.settings import CONFIG_ENV
     from llmgw.store import StoreError
@@ -131,21 +128,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.environ[CONFIG_ENV] = encoded
-    server = Granian(
-        "llmgw.control.server:create_app",
-        factory=True,
-        address=args.host,
-        port=args.port,
-        interface=Interfaces.RSGI,
-        # Exactly one: the control plane's state (snapshots, leases) lives in it.
-        workers=1,
-        loop=Loops.uvloop,
-        log_access=False,
-        log_level=LogLevels.warning,
-    )
-    line = f"llmgw control plane listening on http://{args.host}:{args.port}"
-    server.on_startup(lambda: announce_when_listening(args.host, args.port, line))
-    server.serve()
+    # Exactly one worker: the control plane's state (snapshots, leases) lives in it.
+    serve_app("llmgw.control.server:create_app", args.host, args.port,
+              f"llmgw control plane listening on http://{args.host}:{args.port}")
     if lock is not None:
         lock.close()
     return 0

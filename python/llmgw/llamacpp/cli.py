@@ -9,7 +9,7 @@ from pathlib import Path
 
 from llmgw.config import url_host
 from llmgw.llamacpp.config import KEY_ENV, LlamaConfig, ModelSourceError, resolve_gguf, to_env
-from llmgw.serving import announce_when_listening
+from llmgw.serving import serve_app
 
 READY_PREFIX = "llmgw-llamacpp listening on"
 _D = LlamaConfig()
@@ -48,22 +48,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = LlamaConfig(model_path=str(path), served_name=name, host=args.host, port=args.port,
                       n_ctx=args.ctx_size, chat_format=args.chat_format, threads=args.threads, api_key=args.api_key)
     to_env(cfg)
-    from granian import Granian
-    from granian.constants import Interfaces, Loops
-    from granian.log import LogLevels
-
-    server = Granian(
-        "llmgw.llamacpp.app:create_app",
-        interface=Interfaces.RSGI,
-        factory=True,
-        loop=Loops.uvloop,
-        workers=1,
-        address=cfg.host,
-        port=cfg.port,
-        log_access=False,
-        log_level=LogLevels.warning,
-    )
-    line = f"{READY_PREFIX} http://{url_host(cfg.host)}:{cfg.port} (model {name} from {path}, on the CPU)"
-    server.on_startup(lambda: announce_when_listening(cfg.host, cfg.port, line))
-    server.serve()
+    serve_app("llmgw.llamacpp.app:create_app", cfg.host, cfg.port,
+              f"{READY_PREFIX} http://{url_host(cfg.host)}:{cfg.port} (model {name} from {path}, on the CPU)")
     return 0

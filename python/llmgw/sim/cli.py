@@ -7,7 +7,7 @@ import os
 import sys
 
 from llmgw.config import url_host
-from llmgw.serving import announce_when_listening
+from llmgw.serving import serve_app
 from llmgw.sim.config import ENV_VAR, SimConfig, to_env
 
 READY_PREFIX = "llmgw-sim listening on"
@@ -92,25 +92,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     # Workers are separate processes: the config travels in the environment.
     os.environ[ENV_VAR] = to_env(config)
-    from granian import Granian  # imported late: `--help` should not pay for it
-    from granian.constants import Interfaces, Loops
-    from granian.log import LogLevels
-
-    server = Granian(
-        "llmgw.sim.app:create_app",
-        interface=Interfaces.RSGI,
-        factory=True,
-        loop=Loops.uvloop,
-        workers=config.workers,
-        address=config.host,
-        port=config.port,
-        log_access=False,
-        log_level=LogLevels.warning,  # keep stdout to our one ready line
-    )
-
     # granian binds on Linux inside each worker (SO_REUSEPORT), so the port refuses
-    # connections until a worker is up: announce only once a connect succeeds.
-    line = f"{READY_PREFIX} http://{url_host(config.host)}:{config.port} (SIMULATED engine, no GPU)"
-    server.on_startup(lambda: announce_when_listening(config.host, config.port, line))
-    server.serve()
+    # connections until a worker is up: the line comes once a connect succeeds.
+    serve_app("llmgw.sim.app:create_app", config.host, config.port,
+              f"{READY_PREFIX} http://{url_host(config.host)}:{config.port} (SIMULATED engine, no GPU)",
+              workers=config.workers)
     return 0
