@@ -31,6 +31,7 @@ from llmgw.config import url_host
 from llmgw.control import placement, reconciler
 from llmgw.control.catalog import Catalog, CatalogError, Model, Profile
 from llmgw.control.inventory import LIVE, AdminState, Gpu, Node, Observed, Replica, ReplicaState
+from llmgw.control.periodic import run_periodically
 from llmgw.control.settings import Settings
 from llmgw.store import Database
 from llmgw.store import fleet as rows
@@ -247,22 +248,8 @@ class Fleet:
 
     async def run(self) -> None:
         """Reconciles every `reconcile_every` seconds and whenever woken, forever."""
-        failures = 0
-        while True:
-            try:  # not wait_for: see SnapshotPublisher.follow
-                async with asyncio.timeout(self.settings.reconcile_every):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
-            self._wake.clear()
-            try:
-                await self.reconcile()
-                failures = 0
-            except Exception:
-                failures += 1
-                if failures == 1 or failures % 60 == 0:
-                    log.exception("reconcile pass failed (%d in a row); the next one retries",
-                                  failures)
+        await run_periodically(self._wake, self.settings.reconcile_every, self.reconcile,
+                               "reconcile pass failed (%d in a row); the next one retries")
 
     # -- the pass ----------------------------------------------------------------------
 

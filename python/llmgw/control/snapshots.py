@@ -9,15 +9,13 @@ worker within one round trip of the change.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 
+from llmgw.control.periodic import run_periodically
 from llmgw.wire import Snapshot
-
-log = logging.getLogger("llmgw.control")
 
 POLL_WAIT = 20.0
 """Longest a long-poll waits for a change before answering with the same version."""
@@ -92,25 +90,9 @@ class SnapshotPublisher:
         A failing build (the store unreachable) keeps the last snapshot published:
         gateways go on with the keys they have rather than with none.
         """
-        failures = 0
-        while True:
-            # asyncio.timeout, not wait_for: on 3.11, wait_for whose inner wait has just
-            # finished swallows a cancel (gh-86296), and stop() then waits forever for this
-            # task (a poke right before a stop hung the control plane's shutdown).
-            try:
-                async with asyncio.timeout(every):
-                    await self._poke.wait()
-            except TimeoutError:
-                pass
-            self._poke.clear()
-            try:
-                await self.refresh(build)
-                failures = 0
-            except Exception:
-                failures += 1
-                if failures == 1 or failures % 60 == 0:
-                    log.exception("cannot build the gateways' snapshot (%d failures in a row); "
-                                  "they keep the last one", failures)
+        await run_periodically(self._poke, every, lambda: self.refresh(build),
+                               "cannot build the gateways' snapshot (%d failures in a row); "
+                               "they keep the last one")
 
 
 async def attach(cp: Any) -> None:
