@@ -226,3 +226,36 @@ def test_a_share_that_spends_tokens_fast_asks_for_more_at_a_time() -> None:
     assert len(waits) <= 6, waits
     assert len([w for w in waits if w > 1.0]) <= 1, waits
     assert largest > 100_000
+
+
+def test_a_share_that_spends_units_fast_asks_for_more_than_4096() -> None:
+    """The same for request units: a key at ~10,000 req/s spent a 4,096-unit grant in 0.4 s;
+    with a second between periodic calls, every grant ended in a wait."""
+
+    async def main() -> tuple[list[float], int]:
+        auth = LimitsAuthority(ttl=5.0)
+        lease = Counting(auth)
+        limiter = Limiter("gw", lease, interval=1.0)
+        entry = _entry(Limits(rpm=10**9))
+        waits: list[float] = []
+
+        async def hot() -> None:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            while loop.time() < start + 3.0:
+                for _ in range(20):  # about 10,000 requests a second
+                    t = limiter.take(entry, None)
+                    if t is None:
+                        waits.append(loop.time() - start)
+                        t = await limiter.acquire(entry, None)
+                    limiter.release(t, 1)
+                await asyncio.sleep(0.002)
+
+        await _run(limiter, hot())
+        return waits, max(a.units for c in lease.calls for a in c.asks)
+
+    waits, largest = asyncio.run(asyncio.wait_for(main(), 15))
+    # Waits while the batch doubles from 32; none in the last second once grants are
+    # larger than what a second takes (a bound of 4,096 waited every 0.4 s).
+    assert [w for w in waits if w > 2.0] == [], waits
+    assert largest > 4096
