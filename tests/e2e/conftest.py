@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,17 +72,39 @@ class Cluster:
                             "--model", "sim-model", *args], SIM_READY)
 
     def gateway(self, sim: Proc, workers: int = 1) -> Proc:
-        """A gateway in front of `sim`, taking keys and limits from this control plane."""
+        """A gateway in front of `sim`, taking keys and limits from this control plane; returned
+        once it is ready (`GET /ready`: keys received and the replica healthy), as a load
+        balancer's readiness probe would wait. Its listening line comes when the port accepts,
+        which may be before the first snapshot: a request then gets 503 `not ready`."""
         port = free_port()
-        return self._start([sys.executable, "-m", "llmgw.cli.main", "gateway", "--port", str(port),
-                            "--workers", str(workers), "--endpoint", f"sim-0={sim.url}=sim-model",
-                            "--control-plane", self.server.url, "--data-dir", str(self.data_dir)],
-                           GATEWAY_READY)
+        gw = self._start([sys.executable, "-m", "llmgw.cli.main", "gateway", "--port", str(port),
+                          "--workers", str(workers), "--endpoint", f"sim-0={sim.url}=sim-model",
+                          "--control-plane", self.server.url, "--data-dir", str(self.data_dir)],
+                         GATEWAY_READY)
+        # Each connection may reach another worker: every one must have answered ready.
+        deadline, streak = time.monotonic() + 30, 0
+        while streak < 3 * workers:
+            assert time.monotonic() < deadline, f"gateway never ready:\n{gw.output[-3000:]}"
+            streak = streak + 1 if _status(gw.url + "/ready") == 200 else 0
+            if not streak:
+                time.sleep(0.05)
+        return gw
 
     def stop(self) -> None:
         """Stops everything, newest first."""
         for p in reversed(self.procs):
             p.terminate()
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        with e:
+            return int(e.code)
+    except OSError:
+        return 0
 
 
 @pytest.fixture
