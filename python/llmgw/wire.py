@@ -123,7 +123,7 @@ class UsageRecord(msgspec.Struct, omit_defaults=False, gc=False):
     cannot form a reference cycle, so the collector need not track the records a gateway
     holds between posts or the thousand a control plane decodes per batch. Not kw_only:
     the gateway builds one per request positionally, at an eighth of the keywords' cost,
-    so the order of the fields is part of it (tests/gateway pin it).
+    so the order of the fields is part of it (tests/unit/test_usage_sink.py pins it).
     """
 
     request_id: str

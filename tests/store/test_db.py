@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from llmgw.store import Database, StoreError, connect, migrate
@@ -52,3 +54,20 @@ def test_bad_urls_say_what_to_do() -> None:
     with pytest.raises(StoreError, match="cannot connect to PostgreSQL at postgresql://u:\\*\\*\\*\\*@127.0.0.1:1/x"):
         asyncio.run(connect("postgresql://u:hunter2@127.0.0.1:1/x"))
     assert safe_url("postgresql://u:pw@h/db") == "postgresql://u:****@h/db"
+
+
+def test_insert_values_lands_every_row_of_an_uneven_batch_in_and_out_of_a_transaction(tmp_path: Path) -> None:
+    """SQLite's multi-row inserts go in power-of-two statements: 1,234 rows is 512+512+128+
+    64+16+2, and every row lands once, with the tail (an upsert) applied to each."""
+
+    async def body(db: Database) -> None:
+        await db.script("CREATE TABLE v (id BIGINT PRIMARY KEY, n BIGINT NOT NULL);")
+        rows = [(i, i) for i in range(1234)]
+        await db.insert_values("INSERT INTO v (id, n)", rows)
+        async with db.transaction() as tx:
+            await tx.insert_values("INSERT INTO v (id, n)", [(i, 1) for i in range(0, 1234, 2)],
+                                   "ON CONFLICT (id) DO UPDATE SET n = v.n + excluded.n")
+        assert await db.fetchval("SELECT COUNT(*) FROM v") == 1234
+        assert await db.fetchval("SELECT SUM(n) FROM v") == sum(range(1234)) + 617
+
+    with_db(f"sqlite:///{tmp_path}/v.db", body)

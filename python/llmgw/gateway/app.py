@@ -22,7 +22,7 @@ from granian._granian import RSGIProtocolClosed as ProtocolClosed
 from llmgw import _core
 from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
 from llmgw.serving import read_body
-from llmgw.wire import Snapshot
+from llmgw.wire import Limits, Snapshot
 
 from . import body as reqbody
 from . import routing
@@ -276,12 +276,13 @@ class Gateway:
             # From what the worker holds, without a coroutine; `_admit` waits for a lease
             # or answers the refusal (it takes again, and is refused again).
             assert self.keys is not None  # an entry comes from the keys
+            project = self.keys.projects.get(entry.project_id)
             try:
-                got = self.limiter.take(entry, self.keys.projects.get(entry.project_id), cost)
+                got = self.limiter.take(entry, project, cost)
             except Denied:
                 got = None
             if got is None:
-                got = await self._admit(protocol, rid, entry, model, cost)
+                got = await self._admit(protocol, rid, entry, project, model, cost)
                 if got is None:
                     return None
             ticket = got
@@ -336,12 +337,13 @@ class Gateway:
                                                          ("retry-after", str(retry))],
                                 error_body(Kind.NOT_PLACED, message, "model"))
 
-    async def _admit(self, protocol: Any, rid: str, entry: Any, model: str, cost: int) -> Ticket | None:
-        """A ticket from the limits, or None once answered 429/503."""
-        assert self.limiter is not None and self.keys is not None
-        project = self.keys.projects.get(entry.project_id)
+    async def _admit(self, protocol: Any, rid: str, entry: Any, project: Limits | None, model: str,
+                     cost: int) -> Ticket | None:
+        """A ticket from the limits once a lease came (`acquire` takes first), or None once
+        answered 429/503."""
+        assert self.limiter is not None
         try:
-            return self.limiter.take(entry, project, cost) or await self.limiter.acquire(entry, project, cost)
+            return await self.limiter.acquire(entry, project, cost)
         except Denied as d:
             kind = Kind.TOKENS_LIMITED if d.limit in ("tpm", "budget") else Kind.RATE_LIMITED
             retry = max(1, math.ceil(d.retry_after))

@@ -142,7 +142,7 @@ class Share:
 
     def batch(self) -> int:
         """Units to ask for at first: a small part of the rpm, so idle shares strand little."""
-        return max(1, min((self.limits.rpm or 0) // 30, 32))
+        return _two_seconds(self.limits.rpm or 0, 32)
 
     def grow(self, now: float) -> None:
         """Doubles `unit_batch` when the last grant ran out within a second of coming.
@@ -156,8 +156,7 @@ class Share:
         `_settle` puts it back to `batch()` when the share goes quiet.
         """
         if now - self.units_at < 1.0:
-            cap = max(1, min((self.limits.rpm or 0) // 30, 1 << 16))
-            self.unit_batch = max(self.batch(), min(self.unit_batch * 2, cap))
+            self.unit_batch = _doubled(self.unit_batch, self.batch(), self.limits.rpm or 0, 1 << 16)
 
     def _token_limit(self) -> int:
         lim = self.limits
@@ -165,7 +164,7 @@ class Share:
 
     def token_batch(self) -> int:
         """Tokens to ask for at first beyond what the waiting requests need."""
-        return max(1, min(self._token_limit() // 30, 100_000))
+        return _two_seconds(self._token_limit(), 100_000)
 
     def grow_tokens(self, now: float) -> None:
         """Doubles `tok_batch` when the last token lease ran out within a second of coming.
@@ -177,8 +176,18 @@ class Share:
         `token_batch()` when the share goes quiet.
         """
         if now - self.tok_at < 1.0:
-            cap = max(1, min(self._token_limit() // 30, 1 << 24))
-            self.tok_batch = max(self.token_batch(), min(self.tok_batch * 2, cap))
+            self.tok_batch = _doubled(self.tok_batch, self.token_batch(), self._token_limit(), 1 << 24)
+
+
+def _two_seconds(per_minute: int, most: int) -> int:
+    """Two seconds' part of a per-minute limit, at least 1 and at most `most`."""
+    return max(1, min(per_minute // 30, most))
+
+
+def _doubled(batch: int, first: int, per_minute: int, most: int) -> int:
+    """The next batch after one that ran out fast: twice as large, within two seconds' part of
+    the limit (and `most`), never below the first batch."""
+    return max(first, min(batch * 2, _two_seconds(per_minute, most)))
 
 
 class Ticket:

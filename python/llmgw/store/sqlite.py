@@ -35,11 +35,11 @@ def _sql(sql: str) -> str:
 
 
 # Rows per statement of `insert_values` at most: past a few hundred a larger statement
-# saves nothing more, and its text (and sqlite3's cached copy) grows with it.
-_VALUES_ROWS = 1000
+# saves nothing more, and its text (and sqlite3's compiled copy) grows with it.
+_VALUES_ROWS = 512
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)
 def _values_sql(head: str, width: int, n: int, tail: str) -> str:
     one = "(" + ", ".join("?" * width) + ")"
     return f"{head} VALUES {', '.join([one] * n)} {tail}"
@@ -49,10 +49,15 @@ def _insert_values(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[
     if not rows:
         return
     width = len(rows[0])
-    per = max(1, min(_VALUES_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width))
-    for i in range(0, len(rows), per):
-        chunk = rows[i:i + per]
-        conn.execute(_values_sql(head, width, len(chunk), tail), list(itertools.chain.from_iterable(chunk)))
+    most = max(1, min(_VALUES_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width))
+    i = 0
+    while i < len(rows):
+        # Statements of a power of two rows: any batch uses at most ten shapes per table,
+        # so the texts here and sqlite3's cache of compiled statements stay a few, where a
+        # shape per remainder would keep up to 128 statements of thousands of parameters.
+        n = 1 << (min(most, len(rows) - i).bit_length() - 1)
+        conn.execute(_values_sql(head, width, n, tail), list(itertools.chain.from_iterable(rows[i:i + n])))
+        i += n
 
 
 def file_of(url: str) -> str:
@@ -126,35 +131,30 @@ class SqliteDatabase:
         """Runs one statement; returns the number of rows it changed."""
         return await self._locked(lambda: self._conn.execute(_sql(sql), args).rowcount)
 
+    async def _atomically(self, fn: Callable[[sqlite3.Connection], object]) -> None:
+        """Runs `fn(conn)` on the store's thread inside BEGIN .. COMMIT (ROLLBACK if it raises)."""
+        conn = self._conn
+
+        def run() -> None:
+            conn.execute("BEGIN")
+            try:
+                fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+        await self._locked(run)
+
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Runs a statement per row, all inside one transaction."""
         batch = list(rows)
-
-        def run() -> None:
-            self._conn.execute("BEGIN")
-            try:
-                self._conn.executemany(_sql(sql), batch)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-
-        await self._locked(run)
+        await self._atomically(lambda conn: conn.executemany(_sql(sql), batch))
 
     async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
         """All of `rows` in multi-row statements, inside one transaction."""
         batch = list(rows)
-
-        def run() -> None:
-            self._conn.execute("BEGIN")
-            try:
-                _insert_values(self._conn, head, batch, tail)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-
-        await self._locked(run)
+        await self._atomically(lambda conn: _insert_values(conn, head, batch, tail))
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         """All rows of a query."""
@@ -173,17 +173,11 @@ class SqliteDatabase:
     async def script(self, sql: str) -> None:
         """Runs several statements (no parameters) inside one transaction."""
 
-        def run() -> None:
-            self._conn.execute("BEGIN")
-            try:
-                for stmt in _statements(sql):
-                    self._conn.execute(stmt)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+        def run(conn: sqlite3.Connection) -> None:
+            for stmt in _statements(sql):
+                conn.execute(stmt)
 
-        await self._locked(run)
+        await self._atomically(run)
 
     async def copy_records(
         self, table: str, columns: Sequence[str], records: Iterable[Sequence[Any]]
