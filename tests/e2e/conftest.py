@@ -51,6 +51,15 @@ class Cluster:
         assert answer.status < 300, (method, path, answer.status, answer.body)
         return json.loads(answer.body)
 
+    def request_record(self, rid: str) -> dict[str, Any] | None:
+        """GET /api/v1/requests/{rid}: the request's record, or None while it has none."""
+        answer = self.admin.call("GET", f"/api/v1/requests/{rid}")
+        if answer.status == 404:
+            return None
+        assert answer.status == 200, answer.body
+        view: dict[str, Any] = json.loads(answer.body)
+        return view
+
     def key(self, limits: dict[str, Any] | None = None, project_limits: dict[str, Any] | None = None) -> dict[str, Any]:
         """A key in a fresh project acme/ml/<n>; returns the issued key (with `key`, `id`)."""
         if not self.call("GET", "/api/v1/orgs"):
@@ -94,6 +103,21 @@ class Cluster:
         """Stops everything, newest first."""
         for p in reversed(self.procs):
             p.terminate()
+
+
+def chat_status(url: str, key: str, rid: str, max_tokens: int = 5, timeout: float = 10) -> int:
+    """The HTTP status of one small chat completion through a gateway, with `key` and request id `rid`."""
+    body = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": max_tokens}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST", headers={
+        "authorization": f"Bearer {key}", "content-type": "application/json", "x-request-id": rid})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        with e:  # closes its connection: a collected one warns
+            return int(e.code)
 
 
 def _status(url: str) -> int:

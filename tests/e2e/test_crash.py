@@ -15,7 +15,6 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -69,19 +68,11 @@ def test_sigkill_under_load_accounts_each_forwarded_request_once(tmp_path: Path)
         early = sorted(rid for rid, at in forwarded.items() if at < killed_at - 1.0)
         assert len(early) >= 8, f"too little load to mean anything: {len(early)}"
 
-        def record(rid: str) -> dict[str, Any] | None:
-            answer = cluster.admin.call("GET", f"/api/v1/requests/{rid}")
-            if answer.status == 404:
-                return None
-            assert answer.status == 200, answer.body
-            view: dict[str, Any] = json.loads(answer.body)
-            return view
-
         # The control plane settles a silent gateway's open requests after SILENT_FOR
         # (checked every 2 s); wait for that, bounded.
         deadline = time.monotonic() + SILENT_FOR + 15
         while True:
-            views = {rid: record(rid) for rid in early}
+            views = {rid: cluster.request_record(rid) for rid in early}
             pending = [rid for rid, v in views.items() if v is None or v["state"] == "open"]
             if not pending:
                 break
@@ -93,7 +84,8 @@ def test_sigkill_under_load_accounts_each_forwarded_request_once(tmp_path: Path)
         assert "interrupted" in states, "some requests were mid-stream at the kill"
 
         # None twice: the rollup counts exactly the requests that have a record.
-        accounted = [rid for rid in forwarded if (v := record(rid)) is not None and v["state"] != "open"]
+        accounted = [rid for rid in forwarded
+                     if (v := cluster.request_record(rid)) is not None and v["state"] != "open"]
         rows = cluster.call("GET", "/api/v1/usage?by=project&since=1h")
         assert sum(r["requests"] for r in rows) == len(accounted)
         print(f"{len(forwarded)} forwarded, {len(early)} more than 1 s before the kill, "

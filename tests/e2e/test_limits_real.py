@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .conftest import Cluster
+from .conftest import Cluster, chat_status
 
 RPM = 60
 SENT = 150
 # The authority grants request units against a 60 s window, and a worker forwards
 # only against units it holds, so the margin is zero: stated here, asserted below.
 MARGIN = 0
-
-
-def _post(url: str, key: str, rid: str) -> int:
-    body = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}],
-                       "max_tokens": 2}).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST", headers={
-        "authorization": f"Bearer {key}", "content-type": "application/json", "x-request-id": rid})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        e.read()
-        return int(e.code)
 
 
 def test_four_workers_forward_at_most_the_rpm(cluster: Cluster, tmp_path: Path) -> None:
@@ -38,7 +22,8 @@ def test_four_workers_forward_at_most_the_rpm(cluster: Cluster, tmp_path: Path) 
     gw = cluster.gateway(sim, workers=4)
     t0 = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
-        statuses = list(pool.map(lambda i: _post(gw.url, key["key"], f"rpm-{i}"), range(SENT)))
+        statuses = list(pool.map(
+            lambda i: chat_status(gw.url, key["key"], f"rpm-{i}", max_tokens=2, timeout=30), range(SENT)))
     elapsed = time.monotonic() - t0
     received = log.read_text().splitlines() if log.exists() else []
     print(f"4 workers, {RPM} rpm key: {len(received)} of {SENT} forwarded in {elapsed:.1f}s")

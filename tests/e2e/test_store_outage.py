@@ -13,34 +13,17 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.store.conftest import drop_pg_database, fresh_pg_database
 from tests.tcp_cut import TcpCut
 
-from .conftest import Cluster
+from .conftest import Cluster, chat_status
 
 OUTAGE = 4.0
 """Shorter than the leader lease's renew deadline (2/3 of the 10 s TTL): the leader stays."""
-
-
-def _chat(url: str, key: str, rid: str) -> int:
-    body = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}],
-                       "max_tokens": 5}).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST", headers={
-        "authorization": f"Bearer {key}", "content-type": "application/json", "x-request-id": rid})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            r.read()
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        with e:  # closes its connection: a collected one warns
-            return int(e.code)
 
 
 def test_requests_go_on_and_their_usage_lands_once_after_the_store_returns(tmp_path: Path) -> None:
@@ -65,7 +48,7 @@ def _run(cluster: Cluster, cut: TcpCut) -> None:
 
     def call(rid: str) -> int:
         sent.append(rid)
-        return _chat(gw.url, key["key"], rid)
+        return chat_status(gw.url, key["key"], rid)
 
     assert [call(f"before-{i}") for i in range(5)] == [200] * 5
 
@@ -89,17 +72,10 @@ def _run(cluster: Cluster, cut: TcpCut) -> None:
     assert "stepping down" not in cluster.server.output
     assert cluster.call("GET", "/api/v1/leader")["role"] == "leader"
 
-    def record(rid: str) -> dict[str, Any] | None:
-        answer = cluster.admin.call("GET", f"/api/v1/requests/{rid}")
-        if answer.status == 404:
-            return None
-        assert answer.status == 200, answer.body
-        view: dict[str, Any] = json.loads(answer.body)
-        return view
 
     deadline = time.monotonic() + 20
     while True:
-        views = {rid: record(rid) for rid in sent}
+        views = {rid: cluster.request_record(rid) for rid in sent}
         missing = [rid for rid, v in views.items() if v is None or v["state"] != "final"]
         if not missing:
             break
@@ -128,15 +104,15 @@ def test_an_outage_past_the_lease_fails_closed_and_heals(tmp_path: Path) -> None
                 limited = cluster.key({"rpm": 10_000})
                 free = cluster.key()
                 gw = cluster.gateway(sim)
-                assert _chat(gw.url, limited["key"], "l-before") == 200
+                assert chat_status(gw.url, limited["key"], "l-before") == 200
                 cut.cut()
                 time.sleep(2.0 + 1.5)  # past the lease: the leader has stepped down
-                statuses = [_chat(gw.url, limited["key"], f"l-during-{i}") for i in range(3)]
+                statuses = [chat_status(gw.url, limited["key"], f"l-during-{i}") for i in range(3)]
                 assert statuses == [503] * 3, (statuses, cluster.server.output[-3000:])
-                assert _chat(gw.url, free["key"], "f-during") == 200
+                assert chat_status(gw.url, free["key"], "f-during") == 200
                 cut.restore()
                 deadline = time.monotonic() + 15
-                while _chat(gw.url, limited["key"], "l-after") != 200:
+                while chat_status(gw.url, limited["key"], "l-after") != 200:
                     assert time.monotonic() < deadline, f"never led again:\n{cluster.server.output[-3000:]}"
                     time.sleep(0.5)
                 assert cluster.server.popen.poll() is None
