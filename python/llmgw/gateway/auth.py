@@ -14,6 +14,8 @@ from llmgw.secrets import API_KEY_PREFIX, KeyHasher
 from llmgw.wire import KeyEntry, Limits, Snapshot
 
 KEY_LENGTH = len(API_KEY_PREFIX) + 40
+_BEARER = "Bearer " + API_KEY_PREFIX
+"""How nearly every client sends a key: checked as one prefix, without splitting the header."""
 
 # Query parameters under which clients (and some SDKs) put keys: a key in a URL ends up
 # in access logs and browser histories, so such a request is refused, not served.
@@ -52,14 +54,10 @@ class KeyTable:
         """The entry of the key a request carries; raises Unauthorized with the reason."""
         if query and _key_in_query(query):
             raise Unauthorized(IN_QUERY)
-        if not authorization:
-            raise Unauthorized(NO_KEY)
-        scheme, _, key = authorization.partition(" ")
-        key = key.strip()
-        # The shape only; other characters simply match no hash (checking the alphabet
-        # here cost more than the hash lookup it would save).
-        if scheme.lower() != "bearer" or len(key) != KEY_LENGTH or not key.startswith(API_KEY_PREFIX):
-            raise Unauthorized(MALFORMED)
+        if authorization is not None and len(authorization) == 7 + KEY_LENGTH and authorization.startswith(_BEARER):
+            key = authorization[7:]
+        else:
+            key = _other_shape(authorization)
         entry = self.by_hash.get(self._hash(key))
         if entry is None:
             raise Unauthorized(UNKNOWN)
@@ -67,6 +65,20 @@ class KeyTable:
             when = datetime.fromtimestamp(entry.expires_at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
             raise Unauthorized(f"the API key {entry.key_id} expired at {when}; ask an operator for a new one")
         return entry
+
+
+def _other_shape(authorization: str | None) -> str:
+    """The key of a header not written exactly `Bearer sk-llmgw-...` (another case of the
+    scheme, spaces around the key); raises Unauthorized when it holds none."""
+    if not authorization:
+        raise Unauthorized(NO_KEY)
+    scheme, _, key = authorization.partition(" ")
+    key = key.strip()
+    # The shape only; other characters simply match no hash (checking the alphabet
+    # here cost more than the hash lookup it would save).
+    if scheme.lower() != "bearer" or len(key) != KEY_LENGTH or not key.startswith(API_KEY_PREFIX):
+        raise Unauthorized(MALFORMED)
+    return key
 
 
 def _key_in_query(query: str) -> bool:

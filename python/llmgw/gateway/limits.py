@@ -20,6 +20,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import msgspec
+
 from llmgw.wire import KeyEntry, LeaseAsk, LeaseGrant, LeaseReply, LeaseRequest, Limits
 
 log = logging.getLogger("llmgw.gateway")
@@ -118,19 +120,9 @@ class Share:
         self.metered = limits.tpm is not None or limits.budget_tokens is not None
         """Tokens are leased for this scope (it has a tpm or a budget)."""
 
-    def ready(self, now: float) -> bool:
-        """A request can be admitted from what is held (the request path's check)."""
-        if self.has_rpm and (self.units <= 0 or self.units_until <= now):
-            return False
-        if self.has_conc and self.slots_free <= 0:
-            return False
-        if self.metered:
-            tok = self.tok
-            return tok is not None and tok.balance > 0 and tok.until > now
-        return True
-
     def needs(self, now: float) -> tuple[bool, bool, bool]:
-        """(units, slot, tokens): what a request would have to wait for."""
+        """(units, slot, tokens): what a request would have to wait for (`Limiter.take` checks
+        the same inline, on every request)."""
         tok = self.tok
         return (
             self.has_rpm and (self.units <= 0 or self.units_until <= now),
@@ -190,15 +182,16 @@ def _doubled(batch: int, first: int, per_minute: int, most: int) -> int:
     return max(first, min(batch * 2, _two_seconds(per_minute, most)))
 
 
-class Ticket:
-    """What one admitted request holds; given back by `Limiter.release`."""
+class Ticket(msgspec.Struct, gc=False):
+    """What one admitted request holds; given back by `Limiter.release`.
 
-    __slots__ = ("cost", "leases", "slotted")
+    A Struct, built in C: a class with an `__init__` cost every limited request a Python
+    call. gc=False: shares and leases never refer back to a ticket, so no cycle exists.
+    """
 
-    def __init__(self, slotted: tuple[Share, ...], leases: tuple[TokenLease, ...] = (), cost: int = 0) -> None:
-        self.slotted = slotted
-        self.leases = leases
-        self.cost = cost
+    slotted: tuple[Share, ...]
+    leases: tuple[TokenLease, ...] = ()
+    cost: int = 0
 
 
 FREE = Ticket(())
@@ -263,9 +256,11 @@ class Limiter:
             return FREE
         now = self.clock()
         for s in shares:
-            if not s.ready(now):
+            tok = s.tok
+            if (s.has_rpm and (s.units <= 0 or s.units_until <= now)) or (s.has_conc and s.slots_free <= 0) or (
+                    s.metered and (tok is None or tok.balance <= 0 or tok.until <= now)):
                 for t in shares:
-                    if not t.ready(now) and t.denied_until > now and t.denied is not None:
+                    if t.denied_until > now and t.denied is not None and any(t.needs(now)):
                         raise Denied(t.scope, t.denied, max(t.retry_at - now, 0.0))
                 return None
         slotted: tuple[Share, ...] = ()

@@ -1,0 +1,37 @@
+"""`KeyTable.resolve`: the header shapes it takes, and what it refuses, without a gateway."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.gateway.auth import MALFORMED, NO_KEY, UNKNOWN, KeyTable, Unauthorized
+from llmgw.secrets import HASH_LABEL, derive, key_hash
+from llmgw.wire import KeyEntry, Snapshot
+
+HASH_KEY = derive(b"s" * 32, HASH_LABEL)
+KEY = "sk-llmgw-" + "a1B2_-" * 6 + "zzzz"
+
+
+def _table() -> KeyTable:
+    entry = KeyEntry(key_id="key_1", hash=key_hash(HASH_KEY, KEY), org_id="o", team_id="t", project_id="p")
+    table = KeyTable(HASH_KEY)
+    table.load(Snapshot(version=1, keys=[entry], projects={}))
+    return table
+
+
+@pytest.mark.parametrize("header", [f"Bearer {KEY}", f"bearer {KEY}", f"BEARER {KEY}", f"Bearer  {KEY} ",
+                                    f"Bearer {KEY}\t"])
+def test_the_usual_header_and_its_variants_find_the_key(header: str) -> None:
+    assert _table().resolve(header, "").key_id == "key_1"
+
+
+@pytest.mark.parametrize(("header", "why"), [
+    (None, NO_KEY), ("", NO_KEY), ("Bearer", MALFORMED), (f"Basic {KEY}", MALFORMED),
+    (f"Bearer {KEY}x", MALFORMED), (f"Bearer {KEY[:-1]}", MALFORMED), (f"Token {KEY}", MALFORMED),
+    # The usual length and prefix, another key: the fast path hashes it and finds nothing.
+    (f"Bearer {KEY[:-1]}y", UNKNOWN), (f"Bearer{KEY} ", MALFORMED),
+])
+def test_other_headers_are_refused_with_their_reason(header: str | None, why: str) -> None:
+    with pytest.raises(Unauthorized) as e:
+        _table().resolve(header, "")
+    assert str(e.value) == why
