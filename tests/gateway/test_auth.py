@@ -130,11 +130,11 @@ def test_usage_batches_carry_opens_finals_and_the_principal(
     rid = hdrs["x-request-id"]
 
     def done(batches: list[UsageBatch]) -> bool:
-        return any(f.request_id == rid for b in batches for f in b.finals)
+        return any(f.request_id == rid for b in batches for f in b.ended())
 
     batches = control.wait_usage(done)
     opens = [o for b in batches for o in b.opens if o.request_id == rid]
-    finals = [f for b in batches for f in b.finals if f.request_id == rid]
+    finals = [f for b in batches for f in b.ended() if f.request_id == rid]
     assert len(opens) == 1 and len(finals) == 1
     o, f = opens[0], finals[0]
     for rec in (o, f):
@@ -144,6 +144,9 @@ def test_usage_batches_carry_opens_finals_and_the_principal(
     assert f.status == "ok" and f.completion_tokens == 2 and f.request_body == NULL and f.response_body is None
     assert any(entry.key_id in b.key_last_used for b in batches)
     assert len({b.gateway_id for b in batches}) == 1
+    # This gateway also writes a usage log, so its records are objects (readable in the file);
+    # one that only ships them sends rows (tests/unit/test_usage_sink.py, tests/e2e).
+    assert any(b.finals for b in batches) and all(not b.rows for b in batches)
 
 
 def test_bodies_kept_only_where_the_project_asks_and_the_request_allows(
@@ -156,8 +159,8 @@ def test_bodies_kept_only_where_the_project_asks_and_the_request_allows(
     rids["header"] = chat(gw, key, headers={"x-llmgw-no-store": "1"})[1]["x-request-id"]
     rids["field"] = chat(gw, key, {**CHAT, "no_store": True})[1]["x-request-id"]
     want = set(rids.values())
-    batches = control.wait_usage(lambda bs: want <= {f.request_id for b in bs for f in b.finals})
-    finals = {f.request_id: f for b in batches for f in b.finals}
+    batches = control.wait_usage(lambda bs: want <= {f.request_id for b in bs for f in b.ended()})
+    finals = {f.request_id: f for b in batches for f in b.ended()}
     kept = finals[rids["kept"]]
     assert kept.request_body != NULL and b'"messages"' in bytes(kept.request_body)
     assert kept.response_body is not None and b'"choices"' in kept.response_body
@@ -249,12 +252,12 @@ def test_usage_waits_out_a_refusing_control_plane_and_ships_on_sigterm(
     first = [chat(gw, key)[1]["x-request-id"] for _ in range(3)]
     control.state.refuse_usage = False
     # Kept while refused, sent again once taken.
-    control.wait_usage(lambda bs: set(first) <= {f.request_id for b in bs for f in b.finals})
+    control.wait_usage(lambda bs: set(first) <= {f.request_id for b in bs for f in b.ended()})
     last = [chat(gw, key)[1]["x-request-id"] for _ in range(2)]
     # At once, before the next periodic batch: only the shutdown path can send these.
     gw.proc.popen.send_signal(signal.SIGTERM)
     assert gw.proc.popen.wait(15) == 0
-    finals = [f.request_id for b in control.state.batches for f in b.finals]
+    finals = [f.request_id for b in control.state.batches for f in b.ended()]
     assert set(last) <= set(finals)
     assert len(finals) == len(set(finals)) == 5  # each once: nothing sent twice after being taken
     # Its slots went back at shutdown, before the authority would have reclaimed them.
@@ -287,7 +290,7 @@ def test_usage_sink_keeps_what_failed_drops_what_was_refused_and_splits_large_ba
                 raise ConnectionRefusedError("down")
             b = msgspec.json.decode(body, type=UsageBatch)
             assert len(body) <= usage.MAX_BATCH_BYTES
-            if any(f.request_id == "bad" for f in b.finals):
+            if any(f.request_id == "bad" for f in b.ended()):
                 raise usage.BatchRejected("HTTP 400")
             # A record queued while a post is under way is not lost (it goes with the next tick).
             if not mode["queued"]:
@@ -302,10 +305,10 @@ def test_usage_sink_keeps_what_failed_drops_what_was_refused_and_splits_large_ba
         assert len(sink.finals) == 3
         mode["fail"] = False
         assert await sink.send()
-        assert [f.request_id for b in got for f in b.finals] == ["r0", "r1", "r2"]
+        assert [f.request_id for b in got for f in b.ended()] == ["r0", "r1", "r2"]
         assert [f.request_id for f in sink.finals] == ["r99"]  # queued during the post: next tick
         assert await sink.send()
-        ids = [f.request_id for b in got for f in b.finals]
+        ids = [f.request_id for b in got for f in b.ended()]
         assert ids == ["r0", "r1", "r2", "r99"] and got[0].key_last_used == {"key_1": 1.0}
         # Refused for good: dropped, the records after it still go.
         got.clear()
@@ -315,7 +318,7 @@ def test_usage_sink_keeps_what_failed_drops_what_was_refused_and_splits_large_ba
         assert await sink.send()
         sink.record(_rec(5))  # type: ignore[arg-type]
         assert await sink.send()
-        assert [f.request_id for b in got for f in b.finals] == ["r5"]
+        assert [f.request_id for b in got for f in b.ended()] == ["r5"]
         # Big bodies: several posts, each under the limit; one too big alone loses its body only.
         got.clear()
         big = b"x" * (usage.MAX_BATCH_BYTES // 3)
@@ -323,7 +326,7 @@ def test_usage_sink_keeps_what_failed_drops_what_was_refused_and_splits_large_ba
             sink.record(_rec(i, big))  # type: ignore[arg-type]
         sink.record(_rec(7, b"y" * (usage.MAX_BATCH_BYTES + 1)))  # type: ignore[arg-type]
         assert await sink.send()
-        finals = [f for b in got for f in b.finals]
+        finals = [f for b in got for f in b.ended()]
         assert [f.request_id for f in finals] == ["r0", "r1", "r2", "r3", "r7"] and len(got) >= 3
         assert finals[-1].response_body is None and finals[0].response_body == big
         # Past the bound: new records are dropped and counted, never unbounded memory.

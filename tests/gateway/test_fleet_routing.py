@@ -46,9 +46,9 @@ def body(model: str = "m", **kw: object) -> dict[str, object]:
 
 def finals(stub: ControlStub, n: int) -> list[dict[str, object]]:
     """The first n finished requests' records the gateway shipped."""
-    batches = stub.wait_usage(lambda bs: sum(len(b.finals) for b in bs) >= n)
+    batches = stub.wait_usage(lambda bs: sum(len(b.ended()) for b in bs) >= n)
     return [{"request_id": r.request_id, "replica": r.replica, "status": r.status, "http_status": r.http_status}
-            for b in batches for r in b.finals]
+            for b in batches for r in b.ended()]
 
 
 @pytest.fixture

@@ -126,8 +126,8 @@ def test_a_budget_stops_a_project_and_says_until_when(
                 break
         # 90 of 100 used before: a request or two fit, then the budget refuses.
         assert codes[-1] == 429 and set(codes[:-1]) == {200}, codes
-        finals = stub.wait_usage(lambda bs: len([f for b in bs for f in b.finals]) >= len(codes) - 1)
-        used = [f.prompt_tokens + f.completion_tokens for b in finals for f in b.finals]
+        finals = stub.wait_usage(lambda bs: len([f for b in bs for f in b.ended()]) >= len(codes) - 1)
+        used = [f.prompt_tokens + f.completion_tokens for b in finals for f in b.ended()]
         # The stated bound: one request per worker and scope past the budget.
         assert sum(used) - max(used) < 10, used
         e = body["error"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import msgspec
+
+from llmgw import wire
 from llmgw.store import Database
 from llmgw.store.requests import NotKept, RequestBody, request_body, request_view
 from llmgw.store.usage import ingest, prune, settle_gateway, settle_stale, usage_by_scope
@@ -37,6 +40,29 @@ def test_open_then_final_counts_once_and_duplicates_are_ignored(store_url: str) 
         b = await request_view(db, "b")
         assert b is not None and b.state == "open"
         assert await request_view(db, "zzz") is None
+
+    with_db(store_url, body)
+
+
+def test_rows_and_objects_are_the_same_records(store_url: str) -> None:
+    # Gateways send finals as rows (JSON arrays); a batch of objects, from a gateway before
+    # rows, is still taken, and one request in both forms is one request.
+    def row(rec: wire.UsageRecord) -> wire.UsageRow:
+        return wire.UsageRow(*msgspec.structs.astuple(rec))
+
+    sent = wire.UsageBatch(gateway_id="gw1", finals=[final("a")],
+                           rows=[row(final("a", prompt=999)), row(final("b", body=True, completion=7))])
+    raw = msgspec.json.encode(sent)
+    assert raw.count(b'"request_id"') == 1 and b'["b","m","up-m","r1","ok",200,false,12,7,' in raw
+    got = msgspec.json.decode(raw, type=wire.UsageBatch)
+    assert [type(r).__name__ for r in got.ended()] == ["UsageRecord", "UsageRow", "UsageRow"]
+
+    async def body(db: Database) -> None:
+        r = await ingest(db, got, T0)
+        assert (r.counted, r.duplicates) == (2, 0)
+        assert await totals(db) == (2, 0, 24, 12) == await rows_total(db)
+        kept = await request_body(db, "b")
+        assert isinstance(kept, RequestBody) and kept.response == '{"choices":[]}'
 
     with_db(store_url, body)
 

@@ -7,7 +7,7 @@ import asyncio
 import msgspec
 
 from llmgw.gateway.usage import UsageSink
-from llmgw.wire import UsageBatch, UsageOpen, UsageRecord
+from llmgw.wire import UsageBatch, UsageOpen, UsageRecord, UsageRow
 
 
 def _open(rid: str) -> UsageOpen:
@@ -35,9 +35,10 @@ def test_an_open_whose_request_ended_before_the_post_is_not_sent() -> None:
         assert await sink.send()
         sink.record(_final("running"))
         assert await sink.send()
+        await sink.close()
 
     asyncio.run(main())
-    assert [([o.request_id for o in b.opens], [f.request_id for f in b.finals]) for b in posted] == [
+    assert [([o.request_id for o in b.opens], [f.request_id for f in b.ended()]) for b in posted] == [
         (["running"], ["done"]),
         ([], ["running"]),
     ]
@@ -66,7 +67,7 @@ def test_records_queued_during_a_post_wait_for_the_next_tick_and_close_drains_th
 
     asyncio.run(asyncio.wait_for(main(), 30))
     assert [f.request_id for f in posted[0].finals] == ["a", "b"]
-    assert [[f.request_id for f in b.finals] for b in posted[1:]] == [["late1"], ["late2"]]
+    assert [[f.request_id for f in b.ended()] for b in posted[1:]] == [["late1"], ["late2"]]
 
 
 def test_an_open_queued_during_a_post_is_kept_for_the_next_one() -> None:
@@ -87,7 +88,7 @@ def test_an_open_queued_during_a_post_is_kept_for_the_next_one() -> None:
         assert await sink.send()
 
     asyncio.run(main())
-    assert [([o.request_id for o in b.opens], [f.request_id for f in b.finals]) for b in posted] == [
+    assert [([o.request_id for o in b.opens], [f.request_id for f in b.ended()]) for b in posted] == [
         (["a", "b", "c"], []),
         (["d"], ["a"]),
     ]
@@ -111,3 +112,29 @@ def test_the_proxy_builds_records_in_field_order_and_opens_only_when_sent() -> N
     assert call.usage_open() == UsageOpen(request_id="rid1", model="m", started_at=call.started_at,
                                           prompt_estimate=7, key_id="key_a", user_id="u",
                                           project_id="p", team_id="t", org_id="o")
+
+
+def test_records_only_for_the_control_plane_are_rows_and_a_usage_log_keeps_objects(tmp_path: object) -> None:
+    posted: list[bytes] = []
+
+    async def ship(body: bytes) -> None:
+        posted.append(body)
+
+    assert UsageSink(None).record_type is UsageRecord
+    assert UsageSink(None, ship=ship).record_type is UsageRow
+    assert UsageSink("usage.jsonl", ship=ship).record_type is UsageRecord
+    sink = UsageSink(None)
+
+    async def main() -> None:
+        sink.ship = ship  # as the gateway sets it once it has a control plane, then starts it
+        sink.start(asyncio.get_running_loop())
+        assert sink.record_type is UsageRow
+        sink.record(UsageRow(*msgspec.structs.astuple(_final("row"))))
+        sink.record(_final("object"))
+        assert await sink.send()
+
+    asyncio.run(main())
+    got = msgspec.json.decode(posted[0], type=UsageBatch)
+    assert [f.request_id for f in got.finals] == ["object"] and [r.request_id for r in got.rows] == ["row"]
+    assert got.rows[0] == UsageRow(*msgspec.structs.astuple(_final("row")))
+    assert b'"rows":[["row","m","m","r1","ok",200,false,5,2,false,1.0,2.0,"stop",0,1.0,null,"key_a",' in posted[0]

@@ -60,7 +60,7 @@ def _clean(s: str) -> str:
 
 def clean_batch(batch: UsageBatch) -> UsageBatch:
     """The batch with every text field storable (no NUL, no lone surrogate)."""
-    for rec in (*batch.opens, *batch.finals):
+    for rec in (*batch.opens, *batch.ended()):
         for name in _TEXT_FIELDS:
             value = getattr(rec, name, None)
             if isinstance(value, str):

@@ -22,11 +22,11 @@ from typing import Protocol
 
 import msgspec
 
-from llmgw.wire import NULL, UsageBatch, UsageOpen, UsageRecord
+from llmgw.wire import NULL, UsageBatch, UsageOpen, UsageRecord, UsageRow
 
 log = logging.getLogger("llmgw.gateway")
 
-__all__ = ["UsageOpen", "UsageRecord", "UsageSink"]
+__all__ = ["UsageOpen", "UsageRecord", "UsageRow", "UsageSink"]
 
 Ship = Callable[[bytes], Awaitable[None]]
 
@@ -59,6 +59,9 @@ class UsageSink:
         self.interval = interval
         self.ship = ship
         """Posts one encoded UsageBatch to the control plane; None writes the file only."""
+        self.record_type: type[UsageRecord] = UsageRecord
+        """What the proxy builds for each request: see `_settle_record_type`."""
+        self._settle_record_type()
         self.gateway_id = gateway_id
         self.max_pending = max_pending
         self.pending: list[UsageRecord] = []
@@ -72,6 +75,12 @@ class UsageSink:
         self.failures = 0
         self._task: asyncio.Task[None] | None = None
         self._encoder = msgspec.json.Encoder()
+
+    def _settle_record_type(self) -> None:
+        # Records that only go to the control plane are rows (JSON arrays, less than half the
+        # bytes and the encoding time); a usage log keeps objects, which a person can read.
+        # Decided here and in `start` (the gateway sets `ship` in between), not per request.
+        self.record_type = UsageRow if self.ship is not None and self.path is None else UsageRecord
 
     @property
     def enabled(self) -> bool:
@@ -103,6 +112,7 @@ class UsageSink:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Starts the periodic flush."""
+        self._settle_record_type()
         if self._task is None:
             self._task = loop.create_task(self._run())
 
@@ -200,8 +210,11 @@ class UsageSink:
 
     def _batch(self, n_open: int, n_final: int, last_used: dict[str, float]) -> bytes:
         opens = [o.usage_open() for o in itertools.islice(self.opens.values(), n_open)]
-        return self._encoder.encode(UsageBatch(gateway_id=self.gateway_id, opens=opens,
-                                               finals=self.finals[:n_final], key_last_used=last_used))
+        done = self.finals[:n_final]
+        rows = [r for r in done if type(r) is UsageRow]
+        finals = [r for r in done if type(r) is not UsageRow] if len(rows) < len(done) else []
+        return self._encoder.encode(UsageBatch(gateway_id=self.gateway_id, opens=opens, finals=finals,
+                                               rows=rows, key_last_used=last_used))
 
     async def close(self) -> None:
         """Stops the flush task and writes everything that is left."""

@@ -166,7 +166,7 @@ async def ingest(db: Database, batch: wire.UsageBatch, now: float) -> IngestResu
     which the same handler calls.
     """
     finals: dict[str, wire.UsageRecord] = {}
-    for rec in batch.finals:
+    for rec in batch.ended():
         finals.setdefault(rec.request_id, rec)
     opens: dict[str, wire.UsageOpen] = {}
     for o in batch.opens:
