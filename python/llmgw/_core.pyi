@@ -1,9 +1,10 @@
 """Types of llmgw._core, the Rust extension (rust/src/lib.rs binds it)."""
 
-from typing import Self, final
+from typing import Any, Self, final
 
 __all__ = [
     "JsonSummary",
+    "KeyIndex",
     "KvIndex",
     "ModelTokenizer",
     "Router",
@@ -171,6 +172,24 @@ def patch_request(body: bytes, model: str | None, include_usage: bool) -> bytes:
     `"model"` (when `model` is given) and `stream_options.include_usage: true`
     (when `include_usage`), splicing only those values. Raises ValueError when the
     body is not a JSON object."""
+
+@final
+class KeyIndex:
+    """API keys by the keyed hash they are stored under (BLAKE2b-256 keyed with
+    `hash_key`, as `llmgw.secrets.key_hash`); each maps to the object given for it."""
+
+    def __new__(cls, hash_key: bytes, entries: list[tuple[str, Any]]) -> Self:
+        """`entries` pairs a stored hash (64 hexadecimal digits) with its object. A pair
+        whose hash is not that shape is left out and counted in `skipped`. Raises
+        ValueError for a hash key of more than 64 bytes."""
+
+    def get(self, key: str) -> Any | None:
+        """The object stored under `key`'s keyed hash, or None."""
+
+    def __len__(self) -> int: ...
+    @property
+    def skipped(self) -> int:
+        """Entries left out because their hash was not 64 hexadecimal digits (they match no key)."""
 
 @final
 class KvIndex:

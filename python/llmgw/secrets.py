@@ -58,22 +58,6 @@ def key_hash(hash_key: bytes, key: str) -> str:
     return hashlib.blake2b(key.encode(), key=hash_key, digest_size=32).hexdigest()
 
 
-class KeyHasher:
-    """`key_hash` under one hash key, for the gateway's request path: the key's own block
-    is hashed once, and each call continues from a copy of that state (0.33 µs against
-    0.53 for the whole hash)."""
-
-    __slots__ = ("_keyed",)
-
-    def __init__(self, hash_key: bytes) -> None:
-        self._keyed = hashlib.blake2b(key=hash_key, digest_size=32)
-
-    def __call__(self, key: str) -> str:
-        h = self._keyed.copy()
-        h.update(key.encode())
-        return h.hexdigest()
-
-
 def new_api_key() -> Secret:
     """A fresh API key: `sk-llmgw-` and 40 URL-safe random characters (240 bits)."""
     # token_urlsafe(30) is exactly 40 characters: 30 bytes = 240 bits, base64 without padding.

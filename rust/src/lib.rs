@@ -1,6 +1,7 @@
 //! The per-token and per-request core of llmgw: stream taps and the replica
 //! router. The logic is plain Rust; `python` only binds it as `llmgw._core`.
 
+pub mod keys;
 pub mod kv;
 pub mod request;
 pub mod router;

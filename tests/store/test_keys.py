@@ -281,10 +281,14 @@ def test_revoking_many_keys_is_a_few_statements_with_an_audit_row_each(store_url
     with_db(store_url, body)
 
 
-def test_the_gateways_key_hasher_gives_the_stored_hash() -> None:
-    from llmgw.secrets import KeyHasher
+def test_the_gateways_key_index_finds_keys_by_the_stored_hash() -> None:
+    from llmgw._core import KeyIndex
 
-    hasher = KeyHasher(HASH_KEY)
-    for key in ("sk-llmgw-" + "a" * 40, "sk-llmgw-" + "Z9" * 20, ""):
-        assert hasher(key) == key_hash(HASH_KEY, key)
-        assert hasher(key) == key_hash(HASH_KEY, key)  # the keyed state is not used up
+    keys = ["sk-llmgw-" + "a" * 40, "sk-llmgw-" + "Z9" * 20, "", "sk-llmgw-é" + "x" * 39]
+    index = KeyIndex(HASH_KEY, [(key_hash(HASH_KEY, k), k) for k in keys] + [("not a hash", "never")])
+    assert (len(index), index.skipped) == (4, 1)
+    for key in keys:
+        assert index.get(key) == key
+        assert index.get(key) == key  # the keyed state is not used up
+    assert index.get("sk-llmgw-" + "b" * 40) is None
+    assert KeyIndex(b"other key", [(key_hash(HASH_KEY, keys[0]), 1)]).get(keys[0]) is None

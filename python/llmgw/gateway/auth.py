@@ -7,11 +7,15 @@ No database, no await. Every refusal is its own sentence and never echoes the ke
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import UTC, datetime
 
-from llmgw.secrets import API_KEY_PREFIX, KeyHasher
+from llmgw import _core
+from llmgw.secrets import API_KEY_PREFIX
 from llmgw.wire import KeyEntry, Limits, Snapshot
+
+log = logging.getLogger("llmgw.gateway")
 
 KEY_LENGTH = len(API_KEY_PREFIX) + 40
 _BEARER = "Bearer " + API_KEY_PREFIX
@@ -39,14 +43,19 @@ class KeyTable:
     """The keys and project limits of the current snapshot, by keyed hash."""
 
     def __init__(self, hash_key: bytes) -> None:
-        self._hash = KeyHasher(hash_key)
+        self._hash_key = hash_key
         self.version: int | None = None
-        self.by_hash: dict[str, KeyEntry] = {}
+        self.keys = _core.KeyIndex(hash_key, [])
+        """Key -> its entry: the keyed hash and the lookup in one native call."""
         self.projects: dict[str, Limits] = {}
 
     def load(self, snap: Snapshot) -> None:
         """Replaces the table by a snapshot's keys (one assignment: requests see old or new)."""
-        self.by_hash = {k.hash: k for k in snap.keys}
+        keys = _core.KeyIndex(self._hash_key, [(k.hash, k) for k in snap.keys])
+        if keys.skipped:
+            log.error("snapshot %d: %d keys have a stored hash that is not 64 hexadecimal digits and "
+                      "cannot be used; the control plane's store holds a damaged row", snap.version, keys.skipped)
+        self.keys = keys
         self.projects = snap.projects
         self.version = snap.version
 
@@ -58,7 +67,7 @@ class KeyTable:
             key = authorization[7:]
         else:
             key = _other_shape(authorization)
-        entry = self.by_hash.get(self._hash(key))
+        entry: KeyEntry | None = self.keys.get(key)
         if entry is None:
             raise Unauthorized(UNKNOWN)
         if entry.expires_at is not None and entry.expires_at <= (time.time() if now is None else now):

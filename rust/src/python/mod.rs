@@ -8,6 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod keys;
 mod kv;
 mod router;
 mod tokenize;
@@ -215,6 +216,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<JsonSummary>()?;
     m.add_class::<router::Router>()?;
     m.add_class::<kv::KvIndex>()?;
+    m.add_class::<keys::KeyIndex>()?;
     m.add_class::<tokenize::ModelTokenizer>()?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(patch_request, m)?)?;

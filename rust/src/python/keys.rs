@@ -1,0 +1,41 @@
+//! `llmgw._core.KeyIndex`: an API key -> its snapshot entry, hash and lookup in one call.
+//!
+//! On the gateway's request path the keyed `BLAKE2b` through `hashlib` (a state copy, an
+//! update and a hex digest, each a Python call and an object) cost about 1 µs with warm
+//! caches and 35 µs with cold ones; here it is one call into native code.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::keys::KeyTable;
+
+/// API keys by the keyed hash they are stored under; each maps to the object given for it.
+#[pyclass(module = "llmgw._core", name = "KeyIndex", frozen)]
+pub struct KeyIndex {
+    table: KeyTable<Py<PyAny>>,
+}
+
+#[pymethods]
+impl KeyIndex {
+    #[new]
+    fn new(hash_key: &[u8], entries: Vec<(String, Py<PyAny>)>) -> PyResult<Self> {
+        KeyTable::new(hash_key, entries)
+            .map(|table| Self { table })
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// The object stored under `key`'s keyed hash, or None.
+    fn get(&self, py: Python<'_>, key: &str) -> Option<Py<PyAny>> {
+        self.table.get(key).map(|v| v.clone_ref(py))
+    }
+
+    fn __len__(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Entries left out because their hash was not 64 hexadecimal digits (they match no key).
+    #[getter]
+    fn skipped(&self) -> usize {
+        self.table.skipped()
+    }
+}
