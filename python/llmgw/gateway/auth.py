@@ -18,7 +18,8 @@ from llmgw.wire import KeyEntry, Limits, Snapshot
 log = logging.getLogger("llmgw.gateway")
 
 KEY_LENGTH = len(API_KEY_PREFIX) + 40
-_BEARER = "Bearer " + API_KEY_PREFIX
+_SCHEME = "Bearer "
+_BEARER = _SCHEME + API_KEY_PREFIX
 """How nearly every client sends a key: checked as one prefix, without splitting the header."""
 
 # Query parameters under which clients (and some SDKs) put keys: a key in a URL ends up
@@ -63,8 +64,9 @@ class KeyTable:
         """The entry of the key a request carries; raises Unauthorized with the reason."""
         if query and _key_in_query(query):
             raise Unauthorized(IN_QUERY)
-        if authorization is not None and len(authorization) == 7 + KEY_LENGTH and authorization.startswith(_BEARER):
-            key = authorization[7:]
+        if authorization is not None and len(authorization) == len(_SCHEME) + KEY_LENGTH \
+                and authorization.startswith(_BEARER):
+            key = authorization[len(_SCHEME):]
         else:
             key = _other_shape(authorization)
         entry: KeyEntry | None = self.keys.get(key)
