@@ -2,14 +2,20 @@
 
 from typing import Any, Self, final
 
+from typing_extensions import disjoint_base
+
 __all__ = [
+    "Hold",
     "JsonSummary",
     "KeyIndex",
     "KvIndex",
     "ModelTokenizer",
     "Router",
     "StreamTap",
+    "Ticket",
+    "TokenLease",
     "__version__",
+    "admit",
     "inspect_json",
     "patch_request",
 ]
@@ -190,6 +196,61 @@ class KeyIndex:
     @property
     def skipped(self) -> int:
         """Entries left out because their hash was not 64 hexadecimal digits (they match no key)."""
+
+@final
+class TokenLease:
+    """Tokens leased for one scope: requests take their estimates and settle what they used."""
+
+    id: int
+    balance: int
+    granted: int
+    until: float
+    in_flight: int
+
+    def __new__(cls, lease_id: int, tokens: int, until: float) -> Self:
+        """A lease of `tokens` (the balance and what was granted) that ends at `until`."""
+
+@disjoint_base
+class Hold:
+    """What one worker holds for one scope, as far as a request takes from it; subclassed
+    by `llmgw.gateway.limits.Share`. Every field starts at zero (no limit, nothing held)."""
+
+    has_rpm: bool
+    has_conc: bool
+    metered: bool
+    units: int
+    units_until: float
+    slots_free: int
+    last_used: float
+    tok: TokenLease | None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        """Ignores its arguments (they are the subclass's `__init__`'s)."""
+
+@final
+class Ticket:
+    """What one admitted request holds; `release` gives it back."""
+
+    def __new__(cls, slotted: list[Hold] = ..., leases: list[TokenLease] = ..., cost: int = 0) -> Self: ...
+    def release(self, tokens: int) -> None:
+        """The request ended: its slots come back, and its estimate less the `tokens` it
+        used goes back to each lease it took from."""
+
+    @property
+    def slotted(self) -> tuple[Hold, ...]:
+        """The holds whose slot this request took."""
+
+    @property
+    def leases(self) -> tuple[TokenLease, ...]:
+        """The token leases this request took its estimate from."""
+
+    @property
+    def cost(self) -> int:
+        """The token estimate taken from each lease."""
+
+def admit(holds: tuple[Hold, ...], now: float, cost: int) -> Ticket | None:
+    """Takes a unit (rpm), a slot (concurrency) and `cost` tokens (tpm, budgets) from every
+    hold that limits them, or nothing when one of them lacks something at `now` (None)."""
 
 @final
 class KvIndex:

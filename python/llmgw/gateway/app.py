@@ -294,8 +294,7 @@ class Gateway:
                                      _forwarded(scope.headers), strip_usage)
         finally:
             # Whatever way the request ended (answer, error, disconnect, cancellation).
-            if self.limiter is not None:
-                self.limiter.release(ticket, call.prompt + call.completion)
+            ticket.release(call.prompt + call.completion)
 
     async def _wake(self, protocol: Any, rid: str, model: str, target: str, timeout: float) -> bool:
         """Holds the request until a replica of `target` is routable; False once answered (503 or gone)."""

@@ -20,8 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import msgspec
-
+from llmgw import _core
 from llmgw.wire import KeyEntry, LeaseAsk, LeaseGrant, LeaseReply, LeaseRequest, Limits
 
 log = logging.getLogger("llmgw.gateway")
@@ -59,25 +58,22 @@ class Unavailable(Exception):
     """The authority did not answer in time: the fail mode decides."""
 
 
-class TokenLease:
-    """Tokens leased for one scope; requests take their estimates and settle what they used."""
-
-    __slots__ = ("balance", "granted", "id", "in_flight", "until")
-
-    def __init__(self, lease_id: int, tokens: int, until: float) -> None:
-        self.id = lease_id
-        self.balance = tokens
-        self.granted = tokens
-        self.until = until
-        self.in_flight = 0
+TokenLease = _core.TokenLease
+"""Tokens leased for one scope (`id`, `balance`, `granted`, `until`, `in_flight`); requests
+take their estimates and settle what they used."""
 
 
-class Share:
-    """What this worker holds for one scope: units (rpm), slots (concurrency), tokens (tpm, budget)."""
+class Share(_core.Hold):
+    """What this worker holds for one scope: units (rpm), slots (concurrency), tokens (tpm, budget).
 
-    __slots__ = ("back", "denied", "denied_until", "has_conc", "has_rpm", "last_used", "lease", "limits",
-                 "metered", "retired", "retry_at", "scope", "slots_free", "slots_held", "tok", "tok_at",
-                 "tok_batch", "tok_over", "unit_batch", "units", "units_at", "units_until", "want_slots", "want_tokens", "want_units")
+    What a request takes from (`has_rpm`, `has_conc`, `metered`, `units`, `units_until`,
+    `slots_free`, `last_used`, `tok`) is in the native base, which `_core.admit` and
+    `Ticket.release` change in one call each; the rest is the lease calls' bookkeeping.
+    """
+
+    __slots__ = ("back", "denied", "denied_until", "lease", "limits", "retired", "retry_at", "scope",
+                 "slots_held", "tok_at", "tok_batch", "tok_over", "unit_batch", "units_at", "want_slots",
+                 "want_tokens", "want_units")
 
     def __init__(self, scope: str, limits: Limits) -> None:
         self.scope = scope
@@ -121,8 +117,8 @@ class Share:
         """Tokens are leased for this scope (it has a tpm or a budget)."""
 
     def needs(self, now: float) -> tuple[bool, bool, bool]:
-        """(units, slot, tokens): what a request would have to wait for (`Limiter.take` checks
-        the same inline, on every request)."""
+        """(units, slot, tokens): what a request would have to wait for (`_core.admit` checks
+        the same natively, on every request)."""
         tok = self.tok
         return (
             self.has_rpm and (self.units <= 0 or self.units_until <= now),
@@ -182,19 +178,10 @@ def _doubled(batch: int, first: int, per_minute: int, most: int) -> int:
     return max(first, min(batch * 2, _two_seconds(per_minute, most)))
 
 
-class Ticket(msgspec.Struct, gc=False):
-    """What one admitted request holds; given back by `Limiter.release`.
+Ticket = _core.Ticket
+"""What one admitted request holds (`slotted`, `leases`, `cost`); `release(tokens)` gives it back."""
 
-    A Struct, built in C: a class with an `__init__` cost every limited request a Python
-    call. gc=False: shares and leases never refer back to a ticket, so no cycle exists.
-    """
-
-    slotted: tuple[Share, ...]
-    leases: tuple[TokenLease, ...] = ()
-    cost: int = 0
-
-
-FREE = Ticket(())
+FREE = Ticket()
 """The ticket of a request no limit applies to (or admitted by the fail-open mode)."""
 
 
@@ -255,29 +242,12 @@ class Limiter:
         if not shares:
             return FREE
         now = self.clock()
-        for s in shares:
-            tok = s.tok
-            if (s.has_rpm and (s.units <= 0 or s.units_until <= now)) or (s.has_conc and s.slots_free <= 0) or (
-                    s.metered and (tok is None or tok.balance <= 0 or tok.until <= now)):
-                for t in shares:
-                    if t.denied_until > now and t.denied is not None and any(t.needs(now)):
-                        raise Denied(t.scope, t.denied, max(t.retry_at - now, 0.0))
-                return None
-        slotted: tuple[Share, ...] = ()
-        leases: tuple[TokenLease, ...] = ()
-        for s in shares:
-            s.last_used = now
-            if s.has_rpm:
-                s.units -= 1
-            if s.has_conc:
-                s.slots_free -= 1
-                slotted += (s,)
-            tok = s.tok
-            if tok is not None and s.metered:
-                tok.balance -= cost
-                tok.in_flight += 1
-                leases += (tok,)
-        return Ticket(slotted, leases, cost)
+        ticket = _core.admit(shares, now, cost)
+        if ticket is None:
+            for t in shares:
+                if t.denied_until > now and t.denied is not None and any(t.needs(now)):
+                    raise Denied(t.scope, t.denied, max(t.retry_at - now, 0.0))
+        return ticket
 
     async def acquire(self, entry: KeyEntry, project: Limits | None, cost: int = 1) -> Ticket:
         """Admits the request, waiting for lease calls for at most `wait` seconds.
@@ -310,18 +280,14 @@ class Limiter:
             if not ok:
                 raise Unavailable("the control plane cannot be reached")
 
-    def release(self, ticket: Ticket, tokens: int) -> None:
+    @staticmethod
+    def release(ticket: Ticket, tokens: int) -> None:
         """The request ended (whatever way): its slots come back, its tokens are settled.
 
         `tokens` is what it used (prompt + completion); the difference to its estimate
         goes back to the token lease it took from.
         """
-        for s in ticket.slotted:
-            s.slots_free += 1
-        diff = ticket.cost - tokens
-        for tok in ticket.leases:
-            tok.balance += diff
-            tok.in_flight -= 1
+        ticket.release(tokens)
 
     def in_flight(self) -> int:
         """Slots in use by requests of this worker, over all scopes (0 when idle)."""

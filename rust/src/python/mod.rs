@@ -10,6 +10,7 @@ use pyo3::types::PyBytes;
 
 mod keys;
 mod kv;
+mod limits;
 mod router;
 mod tokenize;
 
@@ -217,8 +218,12 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<router::Router>()?;
     m.add_class::<kv::KvIndex>()?;
     m.add_class::<keys::KeyIndex>()?;
+    m.add_class::<limits::Hold>()?;
+    m.add_class::<limits::TokenLease>()?;
+    m.add_class::<limits::Ticket>()?;
     m.add_class::<tokenize::ModelTokenizer>()?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(patch_request, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::admit, m)?)?;
     Ok(())
 }
