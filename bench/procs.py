@@ -148,8 +148,30 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / _TICK
 
 
+def thread_cpu(pids: list[int]) -> dict[int, int]:
+    """Thread id -> nanoseconds it has run so far (schedstat), over every thread of pids."""
+    out: dict[int, int] = {}
+    for pid in pids:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                out[int(t.name)] = int((t / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass  # a thread that just ended
+    return out
+
+
 class Sampler:
-    """Samples a process group's RSS every `every` seconds on a thread; CPU from start to stop."""
+    """Samples a process group's RSS every `every` seconds on a thread; CPU from start to stop.
+
+    `busiest` is what its busiest thread ran, in cores: for llmgw's gateway, the worker's
+    interpreter thread, which every request passes through and which bounds its rate. Per
+    request it varies far less between rounds than the whole group's CPU, which moves with
+    how the two cores are shared (a comparison of two gateways' code reads it first).
+    """
 
     def __init__(self, pgid: int, every: float = 0.25) -> None:
         self.pids = group_pids(pgid)
@@ -158,8 +180,10 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.cpu = 0.0
+        self.busiest = 0.0
         self._t0 = 0.0
         self._c0 = 0.0
+        self._threads: dict[int, int] = {}
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
@@ -167,6 +191,7 @@ class Sampler:
 
     def __enter__(self) -> Self:
         self._t0, self._c0 = time.perf_counter(), cpu_seconds(self.pids)
+        self._threads = thread_cpu(self.pids)
         self.samples.append(rss_bytes(self.pids))
         self._thread.start()
         return self
@@ -177,6 +202,10 @@ class Sampler:
         self.samples.append(rss_bytes(self.pids))
         wall = time.perf_counter() - self._t0
         self.cpu = (cpu_seconds(self.pids) - self._c0) / wall if wall > 0 else 0.0
+        # Read after the wall time stops: the spans the threads are read over lie within it.
+        ran = [ns - self._threads.get(tid, 0) for tid, ns in thread_cpu(self.pids).items()]
+        wall = time.perf_counter() - self._t0
+        self.busiest = max(ran, default=0) / 1e9 / wall if wall > 0 else 0.0
 
     @property
     def rss_max_mb(self) -> float:

@@ -51,6 +51,8 @@ class Round(msgspec.Struct, kw_only=True):
     server_cpu: float | None  # cores used by the target's process group (None: direct)
     server_rss_mb: float | None  # max RSS of the target's process group during the round
     upstream_cpu: float | None
+    server_busiest: float | None = None
+    """Cores used by the target's busiest thread (None: direct, or a result from before it)."""
 
 
 class Row(msgspec.Struct, kw_only=True):

@@ -222,6 +222,7 @@ def run_rounds(
                 server_cpu=s_gw.cpu if watched else None,
                 server_rss_mb=s_gw.rss_max_mb if watched else None,
                 upstream_cpu=s_up.cpu,
+                server_busiest=s_gw.busiest if watched else None,
             )
         )
         errs = sum(res.errors.values())

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
+import threading
+import time
 
 import msgspec
 import pytest
 from bench.load import LoadResult, LoadSpec, build_request, content_events, target_path
+from bench.procs import Sampler
 from bench.report import DIRECT, Machine, Result, Round, Row, Target, summary_table, void_check
 from bench.runner import fold, paired_added, schedule
 from bench.stats import spread
@@ -220,3 +224,23 @@ def test_content_events_counts_only_content_and_keeps_partial_events() -> None:
     assert buf == b"data: [DO"
     buf += b"NE]\n\n"
     assert content_events(buf) == (0, True)
+
+
+def test_sampler_measures_the_busiest_thread() -> None:
+    """A thread spinning through the round reads as most of a core; the group's CPU includes it."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        with Sampler(os.getpgid(0)) as s:
+            time.sleep(0.4)
+    finally:
+        stop.set()
+        t.join()
+    assert 0.3 <= s.busiest <= 1.05
+    assert s.cpu >= s.busiest - 0.1
