@@ -14,6 +14,7 @@ __all__ = [
     "StreamTap",
     "Ticket",
     "TokenLease",
+    "UsageRows",
     "__version__",
     "admit",
     "inspect_json",
@@ -251,6 +252,38 @@ class Ticket:
 def admit(holds: tuple[Hold, ...], now: float, cost: int) -> Ticket | None:
     """Takes a unit (rpm), a slot (concurrency) and `cost` tokens (tpm, budgets) from every
     hold that limits them, or nothing when one of them lacks something at `now` (None)."""
+
+@final
+class UsageRows:
+    """Finished requests' usage rows (JSON arrays in `llmgw.wire.UsageRow`'s field order),
+    oldest first, waiting for the next post to the control plane."""
+
+    def __new__(cls) -> Self: ...
+    def add(self, request_id: str, model: str, upstream_model: str, replica: str | None, status: str,
+            http_status: int, stream: bool, prompt_tokens: int, completion_tokens: int,
+            usage_estimated: bool, ttft_s: float | None, duration_s: float, finish_reason: str | None,
+            retries: int, started_at: float, route: str | None, key_id: str | None, user_id: str | None,
+            project_id: str | None, team_id: str | None, org_id: str | None) -> None:
+        """Appends the row of one finished request without kept bodies. `ttft_s` and
+        `duration_s` are seconds, written as milliseconds to the microsecond; `route` is the
+        router's JSON, written as is."""
+
+    def push(self, row: bytes) -> None:
+        """Appends one row encoded elsewhere (a JSON array: a UsageRow with kept bodies)."""
+
+    def replace_first(self, row: bytes) -> None:
+        """Puts `row` (a JSON array) in the place of the first row."""
+
+    def head(self, n: int) -> bytes:
+        """The first `n` rows (at most all) as one JSON array."""
+
+    def drop_head(self, n: int) -> None:
+        """Drops the first `n` rows (at most all): sent, or refused for good."""
+
+    def __len__(self) -> int: ...
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
 
 @final
 class KvIndex:

@@ -7,6 +7,7 @@ pub mod request;
 pub mod router;
 pub mod stream;
 pub mod tokenize;
+pub mod usage;
 
 #[cfg(feature = "python")]
 mod python;

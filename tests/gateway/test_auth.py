@@ -302,11 +302,11 @@ def test_usage_sink_keeps_what_failed_drops_what_was_refused_and_splits_large_ba
         for i in range(3):
             sink.record(_rec(i))  # type: ignore[arg-type]
         assert not await sink.send()  # down: kept
-        assert len(sink.finals) == 3
+        assert len(sink.waiting()) == 3
         mode["fail"] = False
         assert await sink.send()
         assert [f.request_id for b in got for f in b.ended()] == ["r0", "r1", "r2"]
-        assert [f.request_id for f in sink.finals] == ["r99"]  # queued during the post: next tick
+        assert sink.waiting() == ["r99"]  # queued during the post: next tick
         assert await sink.send()
         ids = [f.request_id for b in got for f in b.ended()]
         assert ids == ["r0", "r1", "r2", "r99"] and got[0].key_last_used == {"key_1": 1.0}
@@ -334,6 +334,6 @@ def test_usage_sink_keeps_what_failed_drops_what_was_refused_and_splits_large_ba
         small = usage.UsageSink(None, ship=ship, gateway_id="gw_2", max_pending=2)
         for i in range(5):
             small.record(_rec(i))  # type: ignore[arg-type]
-        assert len(small.finals) == 2 and small.dropped == 3
+        assert len(small.waiting()) == 2 and small.dropped == 3
 
     asyncio.run(asyncio.wait_for(main(), 30))

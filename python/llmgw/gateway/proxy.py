@@ -439,17 +439,28 @@ class Proxy:
             call.status = "cancelled"
             call.http_status = 499
         self.metrics.request(call.model, call.status, duration, call.ttft, call.prompt, call.completion)
-        if not self.usage.enabled:
-            return  # no usage log and no control plane: building the record would be waste
+        usage = self.usage
+        rows = usage.rows
         e = call.entry
         key_id = user_id = project_id = team_id = org_id = None
         if e is not None:
             key_id, user_id, project_id, team_id, org_id = e.key_id, e.user_id, e.project_id, e.team_id, e.org_id
+        if rows is not None and call.keep is None:
+            # Records only for the control plane, without bodies: the row is written natively
+            # now, in UsageRow's field order, with the durations rounded as `_millis` does.
+            if usage.ending(call.rid, key_id, call.started_at):
+                rows.add(call.rid, call.model, call.target, call.replica, call.status, call.http_status,
+                         call.stream, call.prompt, call.completion, call.estimated, call.ttft, duration,
+                         call.finish, call.retries, call.started_at, call.route,
+                         key_id, user_id, project_id, team_id, org_id)
+            return
+        if not usage.enabled:
+            return  # no usage log and no control plane: building the record would be waste
         body, answer = _bodies(call)
         ttft = call.ttft
         # Positional (field order of UsageRecord, pinned by a test): keywords cost
         # 0.8 µs of the request's CPU against 0.1, and round() 0.3 µs a field.
-        self.usage.record(self.usage.record_type(
+        usage.record(usage.record_type(
             call.rid, call.model, call.target, call.replica, call.status, call.http_status,
             call.stream, call.prompt, call.completion, call.estimated,
             None if ttft is None else _millis(ttft), _millis(duration), call.finish,

@@ -9,6 +9,11 @@ POST /internal/v1/usage. A batch the control plane did not take is kept and sent
 again with the next; past `max_pending` records new ones are dropped and counted,
 so an outage cannot exhaust the worker's memory (the opens already sent are then
 settled by the control plane as `interrupted`).
+
+When records go only to the control plane ("rows mode"), each finished request is
+written at once as a JSON row into a native buffer (`_core.UsageRows`) and a post takes
+the head of it as bytes: no record object is kept between posts and nothing is encoded
+in a burst when a post leaves.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import Protocol
 
 import msgspec
 
-from llmgw.wire import NULL, UsageBatch, UsageOpen, UsageRecord, UsageRow
+from llmgw import _core
+from llmgw.wire import NULL, Instant, UsageBatch, UsageOpen, UsageRecord, UsageRow
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -42,12 +48,25 @@ class Opening(Protocol):
     def usage_open(self) -> UsageOpen: ...
 
 
+class _RowsBatch(msgspec.Struct, kw_only=True):
+    """A `UsageBatch` as a gateway in rows mode posts it: its rows are encoded already, as
+    each request ended, and go as one JSON array (`UsageBatch.rows` on the other side)."""
+
+    gateway_id: str
+    opens: list[UsageOpen]
+    rows: msgspec.Raw
+    key_last_used: dict[str, Instant]
+
+
 class BatchRejected(Exception):
     """The control plane answered that this batch is invalid (HTTP 400, 413, 422): never resent."""
 
 
 CLOSE_DEADLINE = 5.0
 """Longest a clean shutdown keeps trying to hand the last batch to the control plane."""
+
+
+_ROWS = msgspec.json.Decoder(list[UsageRow])
 
 
 class UsageSink:
@@ -60,7 +79,10 @@ class UsageSink:
         self.ship = ship
         """Posts one encoded UsageBatch to the control plane; None writes the file only."""
         self.record_type: type[UsageRecord] = UsageRecord
-        """What the proxy builds for each request: see `_settle_record_type`."""
+        """What the proxy builds for a request it does not write into `rows`: see `_settle_record_type`."""
+        self.rows: _core.UsageRows | None = None
+        """Rows mode (records only for the control plane): finished requests as JSON rows,
+        written natively as they end (the proxy's `_account`); None: `finals` holds them."""
         self._settle_record_type()
         self.gateway_id = gateway_id
         self.max_pending = max_pending
@@ -78,9 +100,37 @@ class UsageSink:
 
     def _settle_record_type(self) -> None:
         # Records that only go to the control plane are rows (JSON arrays, less than half the
-        # bytes and the encoding time); a usage log keeps objects, which a person can read.
-        # Decided here and in `start` (the gateway sets `ship` in between), not per request.
-        self.record_type = UsageRow if self.ship is not None and self.path is None else UsageRecord
+        # bytes and the encoding time), written as each request ends; a usage log keeps
+        # objects, which a person can read. Decided here and in `start` (the gateway sets
+        # `ship` in between), not per request.
+        rows_mode = self.ship is not None and self.path is None
+        self.record_type = UsageRow if rows_mode else UsageRecord
+        if rows_mode and self.rows is None:
+            self.rows = _core.UsageRows()
+        elif not rows_mode and self.rows is not None and not len(self.rows):
+            self.rows = None
+
+    def _finals(self) -> int:
+        """Finished requests waiting for a post."""
+        return len(self.finals) if self.rows is None else len(self.rows)
+
+    def waiting(self) -> list[str]:
+        """The request ids of finished requests not posted yet, oldest first."""
+        if self.rows is None:
+            return [r.request_id for r in self.finals]
+        return [r.request_id for r in _ROWS.decode(self.rows.head(len(self.rows)))]
+
+    def ending(self, rid: str, key_id: str | None, started_at: float) -> bool:
+        """A request ended and the caller writes its row into `rows`: its open is taken out
+        and its key's use noted; False when too many records wait (it is dropped, counted)."""
+        self.opens.pop(rid, None)
+        rows = self.rows
+        if rows is not None and len(rows) + len(self.opens) >= self.max_pending:
+            self.dropped += 1
+            return False
+        if key_id is not None:
+            self.last_used[key_id] = started_at
+        return True
 
     @property
     def enabled(self) -> bool:
@@ -94,10 +144,14 @@ class UsageSink:
         if self.ship is not None:
             # The final replaces its open (which frees the open's place in the queue first).
             self.opens.pop(rec.request_id, None)
-            if len(self.finals) + len(self.opens) >= self.max_pending:
+            if self._finals() + len(self.opens) >= self.max_pending:
                 self.dropped += 1
                 return
-            self.finals.append(rec)
+            if self.rows is not None:
+                row = rec if type(rec) is UsageRow else UsageRow(*msgspec.structs.astuple(rec))
+                self.rows.push(self._encoder.encode(row))
+            else:
+                self.finals.append(rec)
             if rec.key_id is not None:
                 self.last_used[rec.key_id] = rec.started_at
 
@@ -105,7 +159,7 @@ class UsageSink:
         """Queues a request just forwarded (control plane only); never blocks."""
         if self.ship is None:
             return
-        if len(self.finals) + len(self.opens) >= self.max_pending:
+        if self._finals() + len(self.opens) >= self.max_pending:
             self.dropped += 1
             return
         self.opens[rid] = rec
@@ -158,12 +212,12 @@ class UsageSink:
                       "are waiting (usage_max_pending)", self.dropped, self.max_pending)
             self.dropped = 0
         # A record's open and final count as one: record() takes the open out as it adds the final.
-        left = len(self.opens) + len(self.finals)
+        left = len(self.opens) + self._finals()
         first = True
-        while (self.opens or self.finals or self.last_used) and (drain or first or left > 0):
+        while (self.opens or self._finals() or self.last_used) and (drain or first or left > 0):
             first = False
             n_open = min(len(self.opens), MAX_BATCH_RECORDS)
-            n_final = min(len(self.finals), MAX_BATCH_RECORDS - n_open)
+            n_final = min(self._finals(), MAX_BATCH_RECORDS - n_open)
             last_used = dict(self.last_used)
             body = self._batch(n_open, n_final, last_used)
             # Kept bodies can make a batch large: fewer records per post, and a single
@@ -175,10 +229,14 @@ class UsageSink:
                     n_open //= 2
                 body = self._batch(n_open, n_final, last_used)
             if len(body) > MAX_BATCH_BYTES and n_final:
-                rec = self.finals[0]
+                rec = self.finals[0] if self.rows is None else _ROWS.decode(self.rows.head(1))[0]
                 log.warning("usage: the bodies of request %s are too large to send (%d bytes); not kept",
                             rec.request_id, len(body))
-                self.finals[0] = msgspec.structs.replace(rec, request_body=NULL, response_body=None)
+                rec = msgspec.structs.replace(rec, request_body=NULL, response_body=None)
+                if self.rows is None:
+                    self.finals[0] = rec
+                else:
+                    self.rows.replace_first(self._encoder.encode(rec))
                 continue
             # The opens in this body, by id: requests that end during the post remove
             # theirs and new ones are appended, so position alone no longer names them.
@@ -193,7 +251,7 @@ class UsageSink:
                 self.failures += 1
                 if self.failures == 1 or self.failures % 100 == 0:  # not every 0.25 s of an outage
                     log.warning("usage: cannot post %d records to the control plane (%s); kept for the next "
-                                "try (%d failures in a row)", len(self.opens) + len(self.finals), e, self.failures)
+                                "try (%d failures in a row)", len(self.opens) + self._finals(), e, self.failures)
                 return False
             if self.failures:
                 log.warning("usage: the control plane takes records again after %d failures", self.failures)
@@ -202,7 +260,10 @@ class UsageSink:
             # Sent (or refused for good): records queued meanwhile were appended after these.
             for rid in sent:
                 self.opens.pop(rid, None)
-            del self.finals[:n_final]
+            if self.rows is None:
+                del self.finals[:n_final]
+            else:
+                self.rows.drop_head(n_final)
             for k, t in last_used.items():
                 if self.last_used.get(k) == t:
                     del self.last_used[k]
@@ -210,6 +271,10 @@ class UsageSink:
 
     def _batch(self, n_open: int, n_final: int, last_used: dict[str, float]) -> bytes:
         opens = [o.usage_open() for o in itertools.islice(self.opens.values(), n_open)]
+        if self.rows is not None:
+            return self._encoder.encode(_RowsBatch(gateway_id=self.gateway_id, opens=opens,
+                                                   rows=msgspec.Raw(self.rows.head(n_final)),
+                                                   key_last_used=last_used))
         done = self.finals[:n_final]
         rows = [r for r in done if type(r) is UsageRow]
         finals = [r for r in done if type(r) is not UsageRow] if len(rows) < len(done) else []
@@ -230,6 +295,6 @@ class UsageSink:
         deadline = loop.time() + CLOSE_DEADLINE
         while not await self.send(drain=True) and loop.time() < deadline:
             await asyncio.sleep(0.1)  # back-off before the next try, bounded by the deadline
-        left = len(self.opens) + len(self.finals)
+        left = len(self.opens) + self._finals()
         if left:
             log.error("usage: %d records could not reach the control plane before shutdown", left)

@@ -13,6 +13,7 @@ mod kv;
 mod limits;
 mod router;
 mod tokenize;
+mod usage;
 
 use crate::request;
 use crate::stream::{self, Rename};
@@ -221,6 +222,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<limits::Hold>()?;
     m.add_class::<limits::TokenLease>()?;
     m.add_class::<limits::Ticket>()?;
+    m.add_class::<usage::UsageRows>()?;
     m.add_class::<tokenize::ModelTokenizer>()?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(patch_request, m)?)?;
