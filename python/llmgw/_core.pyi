@@ -193,6 +193,10 @@ class KeyIndex:
     def get(self, key: str) -> Any | None:
         """The object stored under `key`'s keyed hash, or None."""
 
+    def get_after(self, header: str, scheme: str) -> Any | None:
+        """The object of the key `header` carries after `scheme` (`Bearer `), or None when
+        the header does not start with it or the key matches no hash."""
+
     def __len__(self) -> int: ...
     @property
     def skipped(self) -> int:

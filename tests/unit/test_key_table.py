@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.gateway.auth import MALFORMED, NO_KEY, UNKNOWN, KeyTable, Unauthorized
+from llmgw.gateway.auth import IN_QUERY, MALFORMED, NO_KEY, UNKNOWN, KeyTable, Unauthorized
 from llmgw.secrets import HASH_LABEL, derive, key_hash
 from llmgw.wire import KeyEntry, Snapshot
 
@@ -12,8 +12,9 @@ HASH_KEY = derive(b"s" * 32, HASH_LABEL)
 KEY = "sk-llmgw-" + "a1B2_-" * 6 + "zzzz"
 
 
-def _table() -> KeyTable:
-    entry = KeyEntry(key_id="key_1", hash=key_hash(HASH_KEY, KEY), org_id="o", team_id="t", project_id="p")
+def _table(expires_at: float | None = None) -> KeyTable:
+    entry = KeyEntry(key_id="key_1", hash=key_hash(HASH_KEY, KEY), org_id="o", team_id="t", project_id="p",
+                     expires_at=expires_at)
     table = KeyTable(HASH_KEY)
     table.load(Snapshot(version=1, keys=[entry], projects={}))
     return table
@@ -35,3 +36,23 @@ def test_other_headers_are_refused_with_their_reason(header: str | None, why: st
     with pytest.raises(Unauthorized) as e:
         _table().resolve(header, "")
     assert str(e.value) == why
+
+
+def test_an_expiring_key_works_until_it_expires_and_then_says_when() -> None:
+    table = _table(expires_at=1_000.0)
+    assert table.resolve(f"Bearer {KEY}", "", now=999.0).key_id == "key_1"
+    with pytest.raises(Unauthorized, match="key_1 expired at 1970-01-01 00:16:40Z"):
+        table.resolve(f"Bearer {KEY}", "", now=1_000.0)
+
+
+def test_a_key_in_the_query_is_refused_even_beside_a_good_header() -> None:
+    with pytest.raises(Unauthorized) as e:
+        _table().resolve(f"Bearer {KEY}", f"api_key={KEY}")
+    assert str(e.value) == IN_QUERY
+
+
+def test_get_after_looks_up_only_what_follows_the_scheme() -> None:
+    keys = _table().keys
+    assert keys.get_after(f"Bearer {KEY}", "Bearer ").key_id == "key_1"
+    for header in (f"bearer {KEY}", f"Bearer  {KEY}", KEY, "Bearer ", ""):
+        assert keys.get_after(header, "Bearer ") is None

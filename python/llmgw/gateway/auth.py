@@ -62,6 +62,13 @@ class KeyTable:
 
     def resolve(self, authorization: str | None, query: str, now: float | None = None) -> KeyEntry:
         """The entry of the key a request carries; raises Unauthorized with the reason."""
+        if not query and authorization is not None:
+            # The header as nearly every client sends it, in one native call. Anything else
+            # (no match, an expired key, another shape) takes the checks below.
+            hit: KeyEntry | None = self.keys.get_after(authorization, _SCHEME)
+            if hit is not None and (hit.expires_at is None
+                                    or hit.expires_at > (time.time() if now is None else now)):
+                return hit
         if query and _key_in_query(query):
             raise Unauthorized(IN_QUERY)
         if authorization is not None and len(authorization) == len(_SCHEME) + KEY_LENGTH \

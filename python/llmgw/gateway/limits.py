@@ -238,7 +238,9 @@ class Limiter:
         `cost` is the request's token estimate (tpm, budgets). Raises Denied while a
         refusal from the authority still holds.
         """
-        shares = self._shares(entry, project)
+        memo = self._memo.get(entry.key_id)  # `_shares`'s first lines, without its call
+        shares = memo[2] if memo is not None and memo[0] is entry and memo[1] is project \
+            else self._shares(entry, project)
         if not shares:
             return FREE
         now = self.clock()

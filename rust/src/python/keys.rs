@@ -29,6 +29,17 @@ impl KeyIndex {
         self.table.get(key).map(|v| v.clone_ref(py))
     }
 
+    /// The object of the key `header` carries after `scheme` (as in `Bearer sk-llmgw-...`),
+    /// or None: a header not starting with `scheme`, or a key that matches no hash. One
+    /// call for the header as nearly every client sends it; other shapes (another case,
+    /// extra spaces) are for the caller's slower path.
+    fn get_after(&self, py: Python<'_>, header: &str, scheme: &str) -> Option<Py<PyAny>> {
+        header
+            .strip_prefix(scheme)
+            .and_then(|key| self.table.get(key))
+            .map(|v| v.clone_ref(py))
+    }
+
     fn __len__(&self) -> usize {
         self.table.len()
     }
