@@ -139,11 +139,14 @@ def git_state(root: str) -> str:
 def void_check(summary: list[Row]) -> tuple[bool, str]:
     """BENCHMARKS.md rule 2, per concurrency level: direct req/s >= 3x the best gateway's.
 
-    A level with no direct figure, or no gateway figure, cannot be checked and is void.
+    A level with no direct figure, or no gateway figure, cannot be checked and is void; so
+    is one where a target answered nothing but errors (a broken build measures nothing).
     """
     reasons = []
     for c in sorted({r.concurrency for r in summary}):
         rows = [r for r in summary if r.concurrency == c]
+        reasons += [f"c={c}: {r.target} answered only errors ({r.errors:,})"
+                    for r in rows if r.errors and not r.rps["median"]]
         direct = [r.rps["median"] for r in rows if r.target == DIRECT]
         gws = [
             r.rps["median"] for r in rows if r.target != DIRECT and not math.isnan(r.rps["median"])

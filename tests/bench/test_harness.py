@@ -80,6 +80,10 @@ def test_void_rule() -> None:
     void, why = void_check(ok + [_row(DIRECT, 1, 100), _row("llmgw", 1, 50)])
     assert void and "c=1" in why and "c=32" not in why
     assert void_check([_row("llmgw", 1, 50)])[0]  # no direct figure: cannot be valid
+    # a target that answered nothing but errors (a broken build) voids its level
+    broken = msgspec.structs.replace(_row("llmgw-keys", 32, 0), errors=9_915)
+    void, why = void_check([*ok, broken])
+    assert void and why == "c=32: llmgw-keys answered only errors (9,915)"
 
 
 def test_fold_and_paired_added() -> None:
