@@ -168,8 +168,9 @@ class UsageRow(UsageRecord, array_like=True, gc=False):
 
 
 class UsageOpen(msgspec.Struct, kw_only=True, gc=False):
-    """A request forwarded to a replica and not finished yet: sent at once, so that a gateway
-    killed mid-request leaves a row the control plane settles (status `interrupted`)."""
+    """A request forwarded to a replica and not finished yet: sent with the next post once it
+    has run a few tens of milliseconds, so that a gateway killed mid-request leaves a row the
+    control plane settles (status `interrupted`)."""
 
     request_id: str
     model: str

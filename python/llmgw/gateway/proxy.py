@@ -34,8 +34,10 @@ from .usage import UsageOpen, UsageSink
 
 log = logging.getLogger("llmgw.gateway")
 
-# A client disconnect is watched only for requests that are still running after
-# this long: a watcher costs a task, and short answers finish before it matters.
+# A client disconnect is watched, and the request announced to the control plane (its
+# usage open), only for requests that are still running after this long: a watcher costs
+# a task and an open a place in the next post, and short answers finish before either
+# matters (a gateway killed sooner loses at most its last second of records anyway).
 DISCONNECT_WATCH_DELAY = 0.02
 
 JSON = "application/json"
@@ -153,11 +155,7 @@ class Proxy:
                       extra_headers: bytes, strip_usage: bool) -> None:
         """Runs the request to its end and answers the client; never raises."""
         call.timer = self.loop.call_later(DISCONNECT_WATCH_DELAY, self._watch, protocol, call)
-        if self.usage.ship is not None:
-            # The open is built only if the call is still running when a batch leaves
-            # (`Call.usage_open`): most requests end first and never need one.
-            call.estimate = len(body) // 4  # about 4 bytes of JSON per token
-            self.usage.open(call.rid, call)
+        call.estimate = len(body) // 4  # the open's prompt estimate: about 4 bytes of JSON per token
         try:
             await self._attempts(protocol, call, path, body, extra_headers, strip_usage)
         except Failure as f:
@@ -187,6 +185,9 @@ class Proxy:
     def _watch(self, protocol: Any, call: Call) -> None:
         call.watch = fut = asyncio.ensure_future(protocol.client_disconnect())
         fut.add_done_callback(call.client_gone)
+        # Queued for the next post (built then, if the call is still running: `Call.usage_open`),
+        # so that a gateway killed while it runs leaves a row the control plane settles.
+        self.usage.open(call.rid, call)
 
     def _answer_error(self, protocol: Any, call: Call, f: Failure) -> None:
         call.http_status = f.kind.status
