@@ -259,7 +259,9 @@ class Gateway:
                 return self._unplaced(protocol, rid, model, f"model {truncate(model)!r} has no ready replica and "
                                       "does not scale from zero; an operator can scale it up "
                                       f"(`llmgw ctl models scale {truncate(target)} 1`)")
-        stream = bool(head.stream) and scope.path != "/v1/embeddings"
+        path = scope.path  # read once: each read of a scope attribute is a call into granian
+        embeddings = path == "/v1/embeddings"
+        stream = bool(head.stream) and not embeddings
         wants_usage = head.stream_options is not None and bool(head.stream_options.include_usage)
         strip_usage = stream and not wants_usage
         if target != model or strip_usage:
@@ -270,7 +272,7 @@ class Gateway:
             keep = original
         ticket = FREE
         if self.limiter is not None and entry is not None:
-            completion = 0 if scope.path == "/v1/embeddings" else (
+            completion = 0 if embeddings else (
                 head.max_completion_tokens or head.max_tokens or DEFAULT_COMPLETION_ESTIMATE)
             cost = len(data) // 4 + completion
             # From what the worker holds, without a coroutine; `_admit` waits for a lease
@@ -290,7 +292,7 @@ class Gateway:
         try:
             if wake is not None and not await self._wake(protocol, rid, model, target, wake.scale_up_timeout):
                 return None
-            await self.proxy.forward(protocol, call, scope.path.encode(), data,
+            await self.proxy.forward(protocol, call, path.encode(), data,
                                      _forwarded(scope.headers), strip_usage)
         finally:
             # Whatever way the request ended (answer, error, disconnect, cancellation).
