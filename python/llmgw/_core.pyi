@@ -273,10 +273,11 @@ class UsageRows:
         router's JSON, written as is."""
 
     def push(self, row: bytes) -> None:
-        """Appends one row encoded elsewhere (a JSON array: a UsageRow with kept bodies)."""
+        """Appends one record encoded elsewhere (one JSON value: a UsageRow with kept bodies,
+        or a UsageRecord object where the gateway sends objects)."""
 
     def replace_first(self, row: bytes) -> None:
-        """Puts `row` (a JSON array) in the place of the first row."""
+        """Puts `row` (one JSON value) in the place of the first row."""
 
     def head(self, n: int) -> bytes:
         """The first `n` rows (at most all) as one JSON array."""

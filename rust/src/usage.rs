@@ -109,14 +109,15 @@ impl Rows {
         b.push(b',');
     }
 
-    /// Appends one row encoded elsewhere (a JSON array).
+    /// Appends one record encoded elsewhere (one JSON value: a row with kept bodies, or an
+    /// object where the gateway sends objects).
     pub fn push(&mut self, row: &[u8]) {
         self.buf.extend_from_slice(row);
         self.ends.push_back(self.buf.len());
         self.buf.push(b',');
     }
 
-    /// Puts `row` (a JSON array) in the place of the first row; nothing when there is none.
+    /// Puts `row` (one JSON value) in the place of the first row; nothing when there is none.
     pub fn replace_first(&mut self, row: &[u8]) {
         let Some(&end) = self.ends.front() else {
             return;

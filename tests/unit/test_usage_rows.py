@@ -81,10 +81,10 @@ def test_head_drop_and_replace_keep_the_order() -> None:
 
 
 def test_a_batch_of_native_rows_decodes_as_a_usage_batch() -> None:
-    from llmgw.gateway.usage import _RowsBatch
+    from llmgw.gateway.usage import _Outgoing
 
     rows = _native(_args("a"), _args("b"))
-    body = msgspec.json.encode(_RowsBatch(gateway_id="gw", opens=[], rows=msgspec.Raw(rows.head(2)),
+    body = msgspec.json.encode(_Outgoing(gateway_id="gw", opens=[], rows=msgspec.Raw(rows.head(2)),
                                           key_last_used={"key_1": 1.0}))
     batch = msgspec.json.decode(body, type=UsageBatch)
     assert [r.request_id for r in batch.ended()] == ["a", "b"] and batch.key_last_used == {"key_1": 1.0}

@@ -11,10 +11,10 @@ again with the next; past `max_pending` records new ones are dropped and counted
 so an outage cannot exhaust the worker's memory (the opens already sent are then
 settled by the control plane as `interrupted`).
 
-When records go only to the control plane ("rows mode"), each finished request is
-written at once as a JSON row into a native buffer (`_core.UsageRows`) and a post takes
-the head of it as bytes: no record object is kept between posts and nothing is encoded
-in a burst when a post leaves.
+Finished requests wait for a post encoded, in one native buffer (`_core.UsageRows`), and
+a post takes the head of it as bytes: no record object is kept between posts and nothing
+is encoded in a burst when a post leaves. When records go only to the control plane
+("rows mode") each is a JSON row, which the proxy writes natively as the request ends.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Protocol
 import msgspec
 
 from llmgw import _core
-from llmgw.wire import NULL, Instant, UsageBatch, UsageOpen, UsageRecord, UsageRow
+from llmgw.wire import NULL, Instant, UsageOpen, UsageRecord, UsageRow
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -49,13 +49,17 @@ class Opening(Protocol):
     def usage_open(self) -> UsageOpen: ...
 
 
-class _RowsBatch(msgspec.Struct, kw_only=True):
-    """A `UsageBatch` as a gateway in rows mode posts it: its rows are encoded already, as
-    each request ended, and go as one JSON array (`UsageBatch.rows` on the other side)."""
+_EMPTY = msgspec.Raw(b"[]")
+
+
+class _Outgoing(msgspec.Struct, kw_only=True):
+    """A `UsageBatch` as a gateway posts it: its finished requests were encoded as each was
+    queued, and go as one JSON array, in `rows` or in `finals` (as `UsageBatch` reads them)."""
 
     gateway_id: str
     opens: list[UsageOpen]
-    rows: msgspec.Raw
+    finals: msgspec.Raw = _EMPTY
+    rows: msgspec.Raw = _EMPTY
     key_last_used: dict[str, Instant]
 
 
@@ -67,7 +71,10 @@ CLOSE_DEADLINE = 5.0
 """Longest a clean shutdown keeps trying to hand the last batch to the control plane."""
 
 
-_ROWS = msgspec.json.Decoder(list[UsageRow])
+_DECODERS: dict[type[UsageRecord], msgspec.json.Decoder[list[UsageRecord]]] = {
+    UsageRow: msgspec.json.Decoder(list[UsageRow]),
+    UsageRecord: msgspec.json.Decoder(list[UsageRecord]),
+}
 
 
 class UsageSink:
@@ -79,11 +86,14 @@ class UsageSink:
         self.interval = interval
         self.ship = ship
         """Posts one encoded UsageBatch to the control plane; None writes the file only."""
+        self.queue = _core.UsageRows()
+        """Finished requests waiting for a post, each encoded when it was queued: as a
+        `record_type` (rows in rows mode, objects otherwise)."""
         self.record_type: type[UsageRecord] = UsageRecord
-        """What the proxy builds for a request it does not write into `rows`: see `_settle_record_type`."""
+        """What queued records are: see `_settle_record_type`."""
         self.rows: _core.UsageRows | None = None
-        """Rows mode (records only for the control plane): finished requests as JSON rows,
-        written natively as they end (the proxy's `_account`); None: `finals` holds them."""
+        """`queue` in rows mode (records only for the control plane), where the proxy writes
+        a request's row natively as it ends; None otherwise."""
         self._settle_record_type()
         self.gateway_id = gateway_id
         self.max_pending = max_pending
@@ -92,7 +102,6 @@ class UsageSink:
         """Request id -> its open, until sent. A request that ends first takes its open out
         (its final says everything the open did): short requests cost one record, not two,
         and never build their open."""
-        self.finals: list[UsageRecord] = []
         self.last_used: dict[str, float] = {}
         self.dropped = 0
         self.failures = 0
@@ -104,29 +113,26 @@ class UsageSink:
         # bytes and the encoding time), written as each request ends; a usage log keeps
         # objects, which a person can read. Decided here and in `start` (the gateway sets
         # `ship` in between), not per request.
+        # Nothing is queued before `ship` is set, so the queue never holds both kinds.
         rows_mode = self.ship is not None and self.path is None
         self.record_type = UsageRow if rows_mode else UsageRecord
-        if rows_mode and self.rows is None:
-            self.rows = _core.UsageRows()
-        elif not rows_mode and self.rows is not None and not len(self.rows):
-            self.rows = None
+        self.rows = self.queue if rows_mode else None
 
-    def _finals(self) -> int:
-        """Finished requests waiting for a post."""
-        return len(self.finals) if self.rows is None else len(self.rows)
+    def _queued(self, n: int) -> list[UsageRecord]:
+        """The first `n` queued records, decoded."""
+        return _DECODERS[self.record_type].decode(self.queue.head(n))
 
     def waiting(self) -> list[str]:
         """The request ids of finished requests not posted yet, oldest first."""
-        if self.rows is None:
-            return [r.request_id for r in self.finals]
-        return [r.request_id for r in _ROWS.decode(self.rows.head(len(self.rows)))]
+        return [r.request_id for r in self._queued(len(self.queue))]
 
     def ending(self, rid: str, key_id: str | None, started_at: float) -> bool:
-        """A request ended and the caller writes its row into `rows`: its open is taken out
-        and its key's use noted; False when too many records wait (it is dropped, counted)."""
+        """A request ended and its record is about to be queued (`record`, or the proxy
+        writing its row into `rows`): its open is taken out (the final says everything the
+        open did, and frees the open's place first) and its key's use noted; False when too
+        many records wait (it is dropped, counted)."""
         self.opens.pop(rid, None)
-        rows = self.rows
-        if rows is not None and len(rows) + len(self.opens) >= self.max_pending:
+        if len(self.queue) + len(self.opens) >= self.max_pending:
             self.dropped += 1
             return False
         if key_id is not None:
@@ -142,25 +148,15 @@ class UsageSink:
         """Queues one finished request; never blocks, never awaits."""
         if self.path is not None:
             self.pending.append(rec)
-        if self.ship is not None:
-            # The final replaces its open (which frees the open's place in the queue first).
-            self.opens.pop(rec.request_id, None)
-            if self._finals() + len(self.opens) >= self.max_pending:
-                self.dropped += 1
-                return
-            if self.rows is not None:
-                row = rec if type(rec) is UsageRow else UsageRow(*msgspec.structs.astuple(rec))
-                self.rows.push(self._encoder.encode(row))
-            else:
-                self.finals.append(rec)
-            if rec.key_id is not None:
-                self.last_used[rec.key_id] = rec.started_at
+        if self.ship is not None and self.ending(rec.request_id, rec.key_id, rec.started_at):
+            kind = self.record_type
+            self.queue.push(self._encoder.encode(rec if type(rec) is kind else kind(*msgspec.structs.astuple(rec))))
 
     def open(self, rid: str, rec: Opening) -> None:
         """Queues a request just forwarded (control plane only); never blocks."""
         if self.ship is None:
             return
-        if self._finals() + len(self.opens) >= self.max_pending:
+        if len(self.queue) + len(self.opens) >= self.max_pending:
             self.dropped += 1
             return
         self.opens[rid] = rec
@@ -213,12 +209,12 @@ class UsageSink:
                       "are waiting (usage_max_pending)", self.dropped, self.max_pending)
             self.dropped = 0
         # A record's open and final count as one: record() takes the open out as it adds the final.
-        left = len(self.opens) + self._finals()
+        left = len(self.opens) + len(self.queue)
         first = True
-        while (self.opens or self._finals() or self.last_used) and (drain or first or left > 0):
+        while (self.opens or len(self.queue) or self.last_used) and (drain or first or left > 0):
             first = False
             n_open = min(len(self.opens), MAX_BATCH_RECORDS)
-            n_final = min(self._finals(), MAX_BATCH_RECORDS - n_open)
+            n_final = min(len(self.queue), MAX_BATCH_RECORDS - n_open)
             last_used = dict(self.last_used)
             body = self._batch(n_open, n_final, last_used)
             # Kept bodies can make a batch large: fewer records per post, and a single
@@ -230,14 +226,11 @@ class UsageSink:
                     n_open //= 2
                 body = self._batch(n_open, n_final, last_used)
             if len(body) > MAX_BATCH_BYTES and n_final:
-                rec = self.finals[0] if self.rows is None else _ROWS.decode(self.rows.head(1))[0]
+                rec = self._queued(1)[0]
                 log.warning("usage: the bodies of request %s are too large to send (%d bytes); not kept",
                             rec.request_id, len(body))
-                rec = msgspec.structs.replace(rec, request_body=NULL, response_body=None)
-                if self.rows is None:
-                    self.finals[0] = rec
-                else:
-                    self.rows.replace_first(self._encoder.encode(rec))
+                self.queue.replace_first(self._encoder.encode(
+                    msgspec.structs.replace(rec, request_body=NULL, response_body=None)))
                 continue
             # The opens in this body, by id: requests that end during the post remove
             # theirs and new ones are appended, so position alone no longer names them.
@@ -252,7 +245,7 @@ class UsageSink:
                 self.failures += 1
                 if self.failures == 1 or self.failures % 100 == 0:  # not every 0.25 s of an outage
                     log.warning("usage: cannot post %d records to the control plane (%s); kept for the next "
-                                "try (%d failures in a row)", len(self.opens) + self._finals(), e, self.failures)
+                                "try (%d failures in a row)", len(self.opens) + len(self.queue), e, self.failures)
                 return False
             if self.failures:
                 log.warning("usage: the control plane takes records again after %d failures", self.failures)
@@ -261,10 +254,7 @@ class UsageSink:
             # Sent (or refused for good): records queued meanwhile were appended after these.
             for rid in sent:
                 self.opens.pop(rid, None)
-            if self.rows is None:
-                del self.finals[:n_final]
-            else:
-                self.rows.drop_head(n_final)
+            self.queue.drop_head(n_final)
             for k, t in last_used.items():
                 if self.last_used.get(k) == t:
                     del self.last_used[k]
@@ -272,15 +262,11 @@ class UsageSink:
 
     def _batch(self, n_open: int, n_final: int, last_used: dict[str, float]) -> bytes:
         opens = [o.usage_open() for o in itertools.islice(self.opens.values(), n_open)]
-        if self.rows is not None:
-            return self._encoder.encode(_RowsBatch(gateway_id=self.gateway_id, opens=opens,
-                                                   rows=msgspec.Raw(self.rows.head(n_final)),
-                                                   key_last_used=last_used))
-        done = self.finals[:n_final]
-        rows = [r for r in done if type(r) is UsageRow]
-        finals = [r for r in done if type(r) is not UsageRow] if len(rows) < len(done) else []
-        return self._encoder.encode(UsageBatch(gateway_id=self.gateway_id, opens=opens, finals=finals,
-                                               rows=rows, key_last_used=last_used))
+        done = msgspec.Raw(self.queue.head(n_final))
+        batch = (_Outgoing(gateway_id=self.gateway_id, opens=opens, rows=done, key_last_used=last_used)
+                 if self.rows is not None else
+                 _Outgoing(gateway_id=self.gateway_id, opens=opens, finals=done, key_last_used=last_used))
+        return self._encoder.encode(batch)
 
     async def close(self) -> None:
         """Stops the flush task and writes everything that is left."""
@@ -296,6 +282,6 @@ class UsageSink:
         deadline = loop.time() + CLOSE_DEADLINE
         while not await self.send(drain=True) and loop.time() < deadline:
             await asyncio.sleep(0.1)  # back-off before the next try, bounded by the deadline
-        left = len(self.opens) + self._finals()
+        left = len(self.opens) + len(self.queue)
         if left:
             log.error("usage: %d records could not reach the control plane before shutdown", left)

@@ -78,12 +78,13 @@ impl UsageRows {
         });
     }
 
-    /// Appends one row encoded elsewhere (a JSON array: a `UsageRow` with kept bodies).
+    /// Appends one record encoded elsewhere (one JSON value: a `UsageRow` with kept bodies,
+    /// or a `UsageRecord` object where the gateway sends objects).
     fn push(&mut self, row: &[u8]) {
         self.rows.push(row);
     }
 
-    /// Puts `row` (a JSON array) in the place of the first row.
+    /// Puts `row` (one JSON value) in the place of the first row.
     fn replace_first(&mut self, row: &[u8]) {
         self.rows.replace_first(row);
     }
