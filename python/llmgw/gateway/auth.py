@@ -19,8 +19,7 @@ log = logging.getLogger("llmgw.gateway")
 
 KEY_LENGTH = len(API_KEY_PREFIX) + 40
 _SCHEME = "Bearer "
-_BEARER = _SCHEME + API_KEY_PREFIX
-"""How nearly every client sends a key: checked as one prefix, without splitting the header."""
+"""How nearly every client sends a key: `Bearer sk-llmgw-...`, looked up without splitting the header."""
 
 # Query parameters under which clients (and some SDKs) put keys: a key in a URL ends up
 # in access logs and browser histories, so such a request is refused, not served.
@@ -62,23 +61,15 @@ class KeyTable:
 
     def resolve(self, authorization: str | None, query: str, now: float | None = None) -> KeyEntry:
         """The entry of the key a request carries; raises Unauthorized with the reason."""
-        if not query and authorization is not None:
-            # The header as nearly every client sends it, in one native call. Anything else
-            # (no match, an expired key, another shape) takes the checks below.
-            hit: KeyEntry | None = self.keys.get_after(authorization, _SCHEME)
-            if hit is not None and (hit.expires_at is None
-                                    or hit.expires_at > (time.time() if now is None else now)):
-                return hit
         if query and _key_in_query(query):
             raise Unauthorized(IN_QUERY)
-        if authorization is not None and len(authorization) == len(_SCHEME) + KEY_LENGTH \
-                and authorization.startswith(_BEARER):
-            key = authorization[len(_SCHEME):]
-        else:
-            key = _other_shape(authorization)
-        entry: KeyEntry | None = self.keys.get(key)
+        # The header as nearly every client sends it, in one native call; anything else (a
+        # key that matches nothing, another shape of header) is worked out and hashed again.
+        entry: KeyEntry | None = None if authorization is None else self.keys.get_after(authorization, _SCHEME)
         if entry is None:
-            raise Unauthorized(UNKNOWN)
+            entry = self.keys.get(_other_shape(authorization))
+            if entry is None:
+                raise Unauthorized(UNKNOWN)
         if entry.expires_at is not None and entry.expires_at <= (time.time() if now is None else now):
             when = datetime.fromtimestamp(entry.expires_at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
             raise Unauthorized(f"the API key {entry.key_id} expired at {when}; ask an operator for a new one")
@@ -86,8 +77,9 @@ class KeyTable:
 
 
 def _other_shape(authorization: str | None) -> str:
-    """The key of a header not written exactly `Bearer sk-llmgw-...` (another case of the
-    scheme, spaces around the key); raises Unauthorized when it holds none."""
+    """The key of a header not found as `Bearer <key>` (another case of the scheme, spaces
+    around the key, or the usual shape with a key that matches nothing); raises Unauthorized
+    when it holds none."""
     if not authorization:
         raise Unauthorized(NO_KEY)
     scheme, _, key = authorization.partition(" ")
