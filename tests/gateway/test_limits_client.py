@@ -47,7 +47,7 @@ def test_waiting_requests_share_one_lease_call_and_give_everything_back() -> Non
 
         async def go() -> None:
             t = limiter.take(entry, None) or await limiter.acquire(entry, None)
-            limiter.release(t, 5)
+            t.release(5)
 
         async def all_of_them() -> None:
             await asyncio.gather(*(go() for _ in range(40)))
@@ -118,7 +118,7 @@ def test_token_estimates_settle_to_what_requests_used() -> None:
         async def some() -> None:
             for _ in range(5):
                 t = limiter.take(entry, None, 300) or await limiter.acquire(entry, None, 300)
-                limiter.release(t, 40)  # estimated 300, used 40
+                t.release(40)  # estimated 300, used 40
 
         await _run(limiter, some())
         task = asyncio.ensure_future(limiter.run())
@@ -145,7 +145,7 @@ def test_a_busy_share_is_renewed_ahead_so_requests_do_not_wait() -> None:
                 if t is None:
                     waited += 1
                     t = await limiter.acquire(entry, None, 50)
-                limiter.release(t, 40)
+                t.release(40)
                 await asyncio.sleep(0.005)
 
         await _run(limiter, steady())
@@ -171,7 +171,7 @@ def test_a_forgotten_share_is_made_again_and_a_new_snapshot_entry_brings_its_lim
         try:
             entry = _entry(Limits(rpm=6000))
             t = limiter.take(entry, None) or await limiter.acquire(entry, None)
-            limiter.release(t, 1)
+            t.release(1)
             first = limiter.keys["key_1"]
             # Idle past FORGET_AFTER: the share's units go back and the share is dropped.
             limits_mod.FORGET_AFTER = 0.0
@@ -179,7 +179,7 @@ def test_a_forgotten_share_is_made_again_and_a_new_snapshot_entry_brings_its_lim
                 await asyncio.sleep(0.01)
             limits_mod.FORGET_AFTER = old
             t = limiter.take(entry, None) or await limiter.acquire(entry, None)
-            limiter.release(t, 1)
+            t.release(1)
             assert limiter.keys["key_1"] is not first
             # A new snapshot's entry for the key, with another limit: the share takes it.
             stricter = _entry(Limits(rpm=1))
@@ -213,7 +213,7 @@ def test_a_share_that_spends_tokens_fast_asks_for_more_at_a_time() -> None:
                 if t is None:
                     waits.append(loop.time() - start)
                     t = await limiter.acquire(entry, None, 2000)
-                limiter.release(t, 2000)
+                t.release(2000)
                 await asyncio.sleep(0.002)
 
         await _run(limiter, hot())
@@ -248,7 +248,7 @@ def test_a_share_that_spends_units_fast_asks_for_more_than_4096() -> None:
                     if t is None:
                         waits.append(loop.time() - start)
                         t = await limiter.acquire(entry, None)
-                    limiter.release(t, 1)
+                    t.release(1)
                 await asyncio.sleep(0.002)
 
         await _run(limiter, hot())

@@ -282,15 +282,6 @@ class Limiter:
             if not ok:
                 raise Unavailable("the control plane cannot be reached")
 
-    @staticmethod
-    def release(ticket: Ticket, tokens: int) -> None:
-        """The request ended (whatever way): its slots come back, its tokens are settled.
-
-        `tokens` is what it used (prompt + completion); the difference to its estimate
-        goes back to the token lease it took from.
-        """
-        ticket.release(tokens)
-
     def in_flight(self) -> int:
         """Slots in use by requests of this worker, over all scopes (0 when idle)."""
         return sum(s.slots_held - s.slots_free for d in (self.keys, self.projects) for s in d.values())
