@@ -48,6 +48,7 @@ from llmgw import wire
 from .db import Database, Row
 from .usage_report import (
     DIMENSIONS,
+    HOUR,
     ExportRow,
     Period,
     ScopeKind,
@@ -121,17 +122,27 @@ def _add(
     acc[3] += sign * completion
 
 
-def _add_record(delta: Delta, rec: wire.UsageRecord) -> None:
-    key = (
-        hour_of(rec.started_at),
-        rec.org_id or "",
-        rec.team_id or "",
-        rec.project_id or "",
-        rec.user_id or "",
-        rec.key_id or "",
-        rec.model,
-    )
-    _add(delta, key, 1, rec.status != "ok", rec.prompt_tokens, rec.completion_tokens)
+def _add_records(delta: Delta, recs: list[wire.UsageRecord]) -> None:
+    """Adds what these finals contribute. A batch holds a few distinct (hour, tenancy, model)
+    groups: records are summed by their raw fields first, and each group's key is made (the
+    hour as `hour_of` gives it, '' for a missing id) once, not per record (a third of the cost)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for rec in recs:
+        g = (rec.started_at // HOUR, rec.org_id, rec.team_id, rec.project_id, rec.user_id, rec.key_id, rec.model)
+        acc = groups.get(g)
+        if acc is None:
+            acc = groups[g] = [0, 0, 0, 0]
+        acc[0] += 1
+        acc[1] += rec.status != "ok"
+        acc[2] += rec.prompt_tokens
+        acc[3] += rec.completion_tokens
+    for g, (n, errors, prompt, completion) in groups.items():
+        acc = delta.setdefault((int(g[0]) * HOUR, g[1] or "", g[2] or "", g[3] or "", g[4] or "", g[5] or "", g[6]),
+                               [0, 0, 0, 0])
+        acc[0] += n
+        acc[1] += errors
+        acc[2] += prompt
+        acc[3] += completion
 
 
 def _add_row(delta: Delta, row: Row, sign: int) -> None:
@@ -165,9 +176,8 @@ async def ingest(db: Database, batch: wire.UsageBatch, now: float) -> IngestResu
     is not handled here: keys belong to the tenancy store (`store.snapshot.touch_keys`),
     which the same handler calls.
     """
-    finals: dict[str, wire.UsageRecord] = {}
-    for rec in batch.ended():
-        finals.setdefault(rec.request_id, rec)
+    # The first record of a request id wins (a gateway sends one, so this is for safety).
+    finals = {rec.request_id: rec for rec in reversed(batch.ended())}
     opens: dict[str, wire.UsageOpen] = {}
     for o in batch.opens:
         if o.request_id not in finals:  # finished within the batch: the final says it all
@@ -192,13 +202,14 @@ async def ingest(db: Database, batch: wire.UsageBatch, now: float) -> IngestResu
             written = await write_finals(tx, batch.gateway_id, todo, now) if todo else set()
             if written is not None:
                 todo = [r for r in todo if r.request_id in written]
-            for rec in todo:
-                counted += 1
-                _add_record(delta, rec)
-                old = prior.get(rec.request_id)
-                if old is not None:  # it was interrupted: take back what the settle counted
-                    corrected += 1
-                    _add_row(delta, old, -1)
+            counted = len(todo)
+            _add_records(delta, todo)
+            if prior:
+                for rec in todo:
+                    old = prior.get(rec.request_id)
+                    if old is not None:  # it was interrupted: take back what the settle counted
+                        corrected += 1
+                        _add_row(delta, old, -1)
             await write_bodies(tx, todo)
         if opens:
             await write_opens(tx, batch.gateway_id, [opens[i] for i in sorted(opens)], now)

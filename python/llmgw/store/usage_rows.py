@@ -28,15 +28,14 @@ Delta = dict[tuple[int, str, str, str, str, str, str], list[int]]
 _json = msgspec.json.Encoder()
 
 
+_ABSENT = (None, wire.NULL)
+"""What a record's route or request body is when it has none (wire.NULL is raw JSON null)."""
+
+
 def _text(raw: msgspec.Raw | bytes | None) -> str | None:
-    # wire.NULL (raw JSON null) is how a record says "no route" or "no body".
-    if raw is None or raw == wire.NULL:
+    if raw is None or raw == wire.NULL:  # `in _ABSENT`, in a form the type checker follows
         return None
     return bytes(raw).decode("utf-8", "replace")
-
-
-def _kept(r: wire.UsageRecord) -> bool:
-    return (r.request_body is not None and r.request_body != wire.NULL) or r.response_body is not None
 
 
 async def bulk_insert(
@@ -111,34 +110,39 @@ _FINAL_PG = (
 )
 
 
-def _final_values(rec: wire.UsageRecord, gateway_id: str, now: float) -> tuple[Any, ...]:
-    return (
-        rec.request_id,
-        "final",
-        gateway_id,
-        rec.org_id,
-        rec.team_id,
-        rec.project_id,
-        rec.user_id,
-        rec.key_id,
-        rec.model,
-        rec.upstream_model,
-        rec.replica,
-        _text(rec.route),
-        rec.retries,
-        int(rec.stream),
-        rec.started_at,
-        rec.ttft_ms,
-        rec.duration_ms,
-        rec.status,
-        rec.http_status,
-        rec.prompt_tokens,
-        rec.completion_tokens,
-        int(rec.usage_estimated),
-        rec.finish_reason,
-        int(_kept(rec)),
-        now,
-    )
+def _final_values(recs: list[wire.UsageRecord], gateway_id: str, now: float) -> list[tuple[Any, ...]]:
+    """The rows of `_FINAL_COLS` for these records (one comprehension, no call per record:
+    this was a sixth of a control plane's ingest)."""
+    return [
+        (
+            r.request_id,
+            "final",
+            gateway_id,
+            r.org_id,
+            r.team_id,
+            r.project_id,
+            r.user_id,
+            r.key_id,
+            r.model,
+            r.upstream_model,
+            r.replica,
+            None if r.route in _ABSENT else str(r.route, "utf-8", "replace"),  # `_text`
+            r.retries,
+            int(r.stream),
+            r.started_at,
+            r.ttft_ms,
+            r.duration_ms,
+            r.status,
+            r.http_status,
+            r.prompt_tokens,
+            r.completion_tokens,
+            int(r.usage_estimated),
+            r.finish_reason,
+            int(r.request_body not in _ABSENT or r.response_body is not None),  # bodies kept
+            now,
+        )
+        for r in recs
+    ]
 
 
 async def write_finals(
@@ -149,7 +153,7 @@ async def write_finals(
     Returns the ids really written on PostgreSQL (another control plane may have written
     some first), None on SQLite (a single writer: all of them were).
     """
-    values = [_final_values(r, gateway_id, now) for r in recs]
+    values = _final_values(recs, gateway_id, now)
     if tx.dialect == "postgres":
         await tx.execute(_FINALS_IN_TABLE)
         await tx.copy_records(_FINALS_IN, _FINAL_COLS, values)
@@ -164,7 +168,7 @@ async def write_bodies(tx: Database, recs: list[wire.UsageRecord]) -> None:
     rows = [
         (r.request_id, _text(r.request_body), _text(r.response_body))
         for r in recs
-        if _kept(r)
+        if r.request_body not in _ABSENT or r.response_body is not None
     ]
     if rows:
         await bulk_insert(
