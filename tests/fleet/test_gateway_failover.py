@@ -12,8 +12,8 @@ import sys
 import time
 from typing import Any
 
-import asyncpg
-
+from llmgw.store import connect
+from llmgw.store.usage_rows import stored_finals
 from tests.admin.server import Server
 from tests.e2e.conftest import GATEWAY_READY
 from tests.fleet.conftest import wait_for
@@ -27,15 +27,14 @@ __all__ = ["pair"]  # the fixture, used by name
 
 
 def _rows(store: str) -> dict[str, int]:
-    """Request id -> its HTTP status, for every request row in the store."""
+    """Request id -> its HTTP status, for every final record in the store."""
 
     async def run() -> dict[str, int]:
-        conn = await asyncpg.connect(store)
+        db = await connect(store)
         try:
-            rows = await conn.fetch("SELECT id, http_status FROM requests WHERE state = 'final'")
+            return {rec.request_id: rec.http_status for _, rec in await stored_finals(db)}
         finally:
-            await conn.close()
-        return {r["id"]: r["http_status"] for r in rows}
+            await db.close()
 
     return asyncio.run(run())
 

@@ -88,7 +88,8 @@ def _expected(
 
 
 async def _play(db: Database, events: list[tuple[str, int, list[tuple[str, int]]]]) -> None:
-    for t in ("requests", "open_batches", "request_bodies", "usage_hourly", "usage_daily", "gateways"):
+    for t in ("requests", "request_ids", "request_batches", "open_batches", "request_bodies", "usage_hourly",
+              "usage_daily", "gateways"):
         await db.execute(f"DELETE FROM {t}")
     for step, (kind, arg, items) in enumerate(events):
         now = T0 + step  # one second per event

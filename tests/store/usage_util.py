@@ -8,6 +8,7 @@ import msgspec
 
 from llmgw import wire
 from llmgw.store import Database
+from llmgw.store.usage_rows import stored_finals
 
 T0 = 1_793_491_200.0
 """2026-11-01T00:00:00Z: the start of a month, so that hour, day and month buckets line up."""
@@ -101,14 +102,21 @@ async def totals(db: Database) -> tuple[int, int, int, int]:
 
 
 async def rows_total(db: Database) -> tuple[int, int, int, int]:
-    """The same sums computed from the request rows (open rows count nothing)."""
+    """The same sums computed from the request records (open ones count nothing): the
+    `requests` rows (interrupted) and the finals stored by batch."""
     r = await db.fetchrow(
         "SELECT COUNT(*), CAST(SUM(CASE WHEN status <> 'ok' THEN 1 ELSE 0 END) AS BIGINT), "
         "CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT) "
         "FROM requests"
     )
     assert r is not None
-    return (int(r[0] or 0), int(r[1] or 0), int(r[2] or 0), int(r[3] or 0))
+    finals = [rec for _, rec in await stored_finals(db)]
+    return (
+        int(r[0] or 0) + len(finals),
+        int(r[1] or 0) + sum(rec.status != "ok" for rec in finals),
+        int(r[2] or 0) + sum(rec.prompt_tokens for rec in finals),
+        int(r[3] or 0) + sum(rec.completion_tokens for rec in finals),
+    )
 
 
 async def daily_matches_hourly(db: Database) -> bool:

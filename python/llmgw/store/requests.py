@@ -6,8 +6,10 @@ from typing import Literal
 
 import msgspec
 
+from llmgw.wire import NULL
+
 from .db import Database
-from .usage_rows import find_open
+from .usage_rows import find_open, stored_final
 
 State = Literal["open", "final", "interrupted"]
 
@@ -65,6 +67,37 @@ class NotKept(msgspec.Struct, kw_only=True):
 
 async def request_view(db: Database, request_id: str) -> RequestView | None:
     """The request's record, or None when there is none (never made, or past retention)."""
+    found = await stored_final(db, request_id)
+    if found is not None:
+        gateway_id, rec = found
+        kept = await db.fetchval("SELECT 1 FROM request_bodies WHERE request_id = $1", request_id)
+        return RequestView(
+            id=rec.request_id,
+            state="final",
+            gateway_id=gateway_id,
+            org_id=rec.org_id,
+            team_id=rec.team_id,
+            project_id=rec.project_id,
+            user_id=rec.user_id,
+            key_id=rec.key_id,
+            model=rec.model,
+            upstream_model=rec.upstream_model,
+            replica=rec.replica,
+            route=None if rec.route == NULL else rec.route,
+            retries=rec.retries,
+            stream=rec.stream,
+            started_at=rec.started_at,
+            ttft_ms=rec.ttft_ms,
+            duration_ms=rec.duration_ms,
+            status=rec.status,
+            http_status=rec.http_status,
+            prompt_tokens=rec.prompt_tokens,
+            completion_tokens=rec.completion_tokens,
+            total_tokens=rec.prompt_tokens + rec.completion_tokens,
+            usage_estimated=rec.usage_estimated,
+            finish_reason=rec.finish_reason,
+            body_kept=kept is not None,
+        )
     r = await db.fetchrow(
         "SELECT id, state, gateway_id, org_id, team_id, project_id, user_id, key_id, model, "
         "upstream_model, replica, route, retries, stream, started_at, ttft_ms, duration_ms, status, "
@@ -144,23 +177,29 @@ async def request_body(db: Database, request_id: str) -> RequestBody | NotKept |
 
 async def kept_body(db: Database, request_id: str) -> tuple[RequestBody | NotKept | None, str | None]:
     """What `request_body` answers, and the key the request was made with (None: without
-    one, or no finished record): a replay needs both, from one read of the record."""
-    r = await db.fetchrow(
-        "SELECT r.state, r.key_id, b.request, b.response FROM requests r "
-        "LEFT JOIN request_bodies b ON b.request_id = r.id WHERE r.id = $1",
-        request_id,
-    )
-    if r is None:
-        if await find_open(db, request_id) is None:
-            return None, None
-        why = "it has not finished yet (bodies arrive with the final record)"
-    elif r["request"] is not None:
-        body = RequestBody(request=msgspec.Raw(r["request"].encode()), response=r["response"] or "")
-        return body, r["key_id"]
-    elif r["state"] == "interrupted":
-        why = (
-            "its gateway stopped before the request finished, so no body reached the control plane"
+    one, or no finished record): a replay needs both."""
+    found = await stored_final(db, request_id)
+    if found is not None:
+        b = await db.fetchrow("SELECT request, response FROM request_bodies WHERE request_id = $1", request_id)
+        if b is not None and b["request"] is not None:
+            return RequestBody(request=msgspec.Raw(b["request"].encode()), response=b["response"] or ""), found[1].key_id
+        state = "final"
+    else:
+        r = await db.fetchrow(
+            "SELECT r.state, r.key_id, b.request, b.response FROM requests r "
+            "LEFT JOIN request_bodies b ON b.request_id = r.id WHERE r.id = $1",
+            request_id,
         )
+        if r is None:
+            if await find_open(db, request_id) is None:
+                return None, None
+            return NotKept(reason=f"request {request_id} has no body kept: it has not finished yet "
+                           "(bodies arrive with the final record)"), None
+        if r["request"] is not None:
+            return RequestBody(request=msgspec.Raw(r["request"].encode()), response=r["response"] or ""), r["key_id"]
+        state = r["state"]
+    if state == "interrupted":
+        why = "its gateway stopped before the request finished, so no body reached the control plane"
     else:
         # The gateway sends bodies only when the key's project keeps them and the request
         # did not say no_store; the record does not say which of the two held.

@@ -1,4 +1,4 @@
-"""Exact usage: one row per request, the hourly rollup, and settling what dead gateways left open.
+"""Exact usage: one record per request, the hourly rollup, and settling what dead gateways left open.
 
 The counting rule. A request is `open` (announced in a row of `open_batches`), then
 `final` or `interrupted` (a row in `requests`), and what it adds to the rollups is a function
@@ -31,8 +31,13 @@ that finished, so a live gateway's rows stay as few as its running requests.
 Races between control planes sharing one PostgreSQL: ingests hold a shared advisory
 lock and settles an exclusive one, so no row turns interrupted between the moment an
 ingest reads it and the moment it writes it; two ingests of the same final both try
-`INSERT .. ON CONFLICT DO UPDATE .. WHERE state <> 'final'`, and only the one whose
-write happened gets the row back and counts it. SQLite has a single writer.
+`INSERT INTO request_ids .. ON CONFLICT DO NOTHING`, and only the one whose write
+happened gets the id back and counts it. SQLite has a single writer.
+
+Where records are: a final in `request_batches` (one row per posted batch, its records as
+the gateway encoded them) and `request_ids` (the batch of each request id); an
+interrupted request in `requests`, until its final replaces it (as are finals stored
+before migration 0007).
 
 One corner is accepted: a final arriving after retention deleted its row counts
 again; retention is days, a gateway holds records for seconds.
@@ -166,10 +171,19 @@ def _add_row(delta: Delta, row: Row, sign: int) -> None:
     )
 
 
+def _unfinished(prior: dict[str, Row | None], request_id: str) -> bool:
+    """Whether a final for this request counts: it has no record, or an interrupted one."""
+    if request_id not in prior:
+        return True
+    row = prior[request_id]
+    return row is not None and row["state"] != "final"
+
+
 async def ingest(db: Database, batch: wire.UsageBatch, now: float) -> IngestResult:
     """Stores one gateway batch and updates the rollups, all in one transaction.
 
-    Finals are upserted unless their request is final already; the batch's opens are
+    Finals are stored (by batch) unless their request is final already, replacing an
+    interrupted row; the batch's opens are
     stored as one row (settling and compaction drop those whose request finished); the
     rollups move only for the finals written (see the module's counting rule). Bodies
     are kept only where the record carries them. The gateway's `last_seen` becomes `now`. `batch.key_last_used`
@@ -198,18 +212,23 @@ async def ingest(db: Database, batch: wire.UsageBatch, now: float) -> IngestResu
         if finals:
             ids = sorted(finals)  # one lock order for every transaction: no deadlock
             prior = await finished(tx, ids)
-            todo = [finals[i] for i in ids if i not in prior or prior[i]["state"] != "final"]
+            todo = [finals[i] for i in ids if _unfinished(prior, i)]
             written = await write_finals(tx, batch.gateway_id, todo, now) if todo else set()
             if written is not None:
                 todo = [r for r in todo if r.request_id in written]
             counted = len(todo)
             _add_records(delta, todo)
             if prior:
+                replaced = []
                 for rec in todo:
                     old = prior.get(rec.request_id)
                     if old is not None:  # it was interrupted: take back what the settle counted
                         corrected += 1
                         _add_row(delta, old, -1)
+                        replaced.append(rec.request_id)
+                if replaced:  # the final is stored by batch now; its interrupted row goes
+                    cond, arg = id_list(tx, replaced)
+                    await tx.execute(f"DELETE FROM requests WHERE id {cond}", arg)
             await write_bodies(tx, todo)
         if opens:
             await write_opens(tx, batch.gateway_id, [opens[i] for i in sorted(opens)], now)
@@ -369,6 +388,15 @@ async def prune(db: Database, older_than: float) -> int:
             older_than,
         )
         n = await tx.execute("DELETE FROM requests WHERE started_at < $1", older_than)
+        # Finals stored by batch go a batch at a time, once every request in it is past.
+        old = "SELECT id FROM request_batches WHERE started_max < $1"
+        await tx.execute(
+            "DELETE FROM request_bodies WHERE request_id IN "
+            f"(SELECT id FROM request_ids WHERE batch IN ({old}))",
+            older_than,
+        )
+        n += await tx.execute(f"DELETE FROM request_ids WHERE batch IN ({old})", older_than)
+        await tx.execute("DELETE FROM request_batches WHERE started_max < $1", older_than)
         await tx.execute(
             "DELETE FROM gateways WHERE last_seen < $1 AND NOT EXISTS (SELECT 1 FROM "
             "open_batches o WHERE o.gateway_id = gateways.gateway_id)",

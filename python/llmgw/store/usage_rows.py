@@ -4,9 +4,9 @@ SQLite runs in-process: `executemany` of one VALUES statement is one C loop with
 round trips. PostgreSQL gets one statement per table: asyncpg's executemany sends a
 statement per row, and unnest() of one array per column spent most of its time in
 asyncpg checking every array element (an `isinstance` per value, about 20 µs per
-record). Finals, the bulk of a batch, go by binary COPY into a temporary table and
-one INSERT .. SELECT (`write_finals`); JSON through the server's `json_to_recordset`
-was the step before, and cost the server a parse and a text conversion per value.
+record). Finals, the bulk of a batch, are one row per batch and a narrow id row per
+request (`write_finals`); on PostgreSQL the ids go by binary COPY into a temporary table
+and one INSERT .. SELECT.
 """
 
 from __future__ import annotations
@@ -56,111 +56,79 @@ async def bulk_insert(
     await tx.insert_values(f"{head} ({names})", rows, tail)
 
 
-# The columns a final writes, in the order of `_final_values`: the rows of SQLite's
-# executemany and of PostgreSQL's COPY.
-_FINAL_COLS = (
-    "id",
-    "state",
-    "gateway_id",
-    "org_id",
-    "team_id",
-    "project_id",
-    "user_id",
-    "key_id",
-    "model",
-    "upstream_model",
-    "replica",
-    "route",
-    "retries",
-    "stream",
-    "started_at",
-    "ttft_ms",
-    "duration_ms",
-    "status",
-    "http_status",
-    "prompt_tokens",
-    "completion_tokens",
-    "usage_estimated",
-    "finish_reason",
-    "body_kept",
-    "updated_at",
-)
-# Every column but id and prompt_estimate (an interrupted row's estimate stays for the record).
-_FINAL_SET = ", ".join(f"{c} = excluded.{c}" for c in _FINAL_COLS[1:])
-# The WHERE is what makes the first final win: a final row is never written again.
-_FINAL_TAIL = (
-    f"ON CONFLICT (id) DO UPDATE SET {_FINAL_SET} WHERE requests.state <> 'final' RETURNING id"
-)
+# Finals (migration 0007): a posted batch's records as one `request_batches` row, the JSON
+# array of their wire.UsageRow arrays without the bodies (which go to request_bodies), and
+# one `request_ids` row per request naming its batch. The id row is what counts: the first
+# final of a request writes it, and a later copy (a batch sent again, another control
+# plane's ingest) finds it taken and is not counted; its batch row may still hold the copy,
+# which no id row points to and readers skip.
+_ROW_FIELDS = wire.UsageRecord.__struct_fields__.index("request_body")
+"""The fields of a stored row: every one before the bodies."""
+_rows_decoder = msgspec.json.Decoder(list[wire.UsageRow])
 
-_FINAL_SQLITE_HEAD = f"INSERT INTO requests ({', '.join(_FINAL_COLS)})"
-
-# PostgreSQL: finals land in a temporary table by binary COPY, then move with one upsert.
-# Against the json_to_recordset() it replaces, this saved about 8 µs of server time per
-# record (no JSON parse, no text-to-number conversions). The table is per connection and
-# emptied at each commit; CREATE .. IF NOT EXISTS runs in every transaction because the
-# pool may hand out a connection that has not made it yet (it is a no-op after).
-_FINALS_IN = "usage_finals_in"
-_FINALS_IN_TABLE = (
-    f"CREATE TEMPORARY TABLE IF NOT EXISTS {_FINALS_IN} (LIKE requests INCLUDING DEFAULTS) "
-    "ON COMMIT DELETE ROWS"
+# PostgreSQL: the id rows land in a temporary table by binary COPY, then move with one
+# insert that returns the ids it wrote. The table is per connection and emptied at each
+# commit; CREATE .. IF NOT EXISTS runs in every transaction because the pool may hand out
+# a connection that has not made it yet (it is a no-op after).
+_IDS_IN = "usage_ids_in"
+_IDS_IN_TABLE = f"CREATE TEMPORARY TABLE IF NOT EXISTS {_IDS_IN} (LIKE request_ids) ON COMMIT DELETE ROWS"
+_IDS_PG = (
+    f"INSERT INTO request_ids (id, batch) SELECT id, batch FROM {_IDS_IN} "
+    "ON CONFLICT (id) DO NOTHING RETURNING id"
 )
-_FINAL_PG = (
-    f"INSERT INTO requests ({', '.join(_FINAL_COLS)}) "
-    f"SELECT {', '.join(_FINAL_COLS)} FROM {_FINALS_IN} {_FINAL_TAIL}"
-)
-
-
-def _final_values(recs: list[wire.UsageRecord], gateway_id: str, now: float) -> list[tuple[Any, ...]]:
-    """The rows of `_FINAL_COLS` for these records (one comprehension, no call per record:
-    this was a sixth of a control plane's ingest)."""
-    return [
-        (
-            r.request_id,
-            "final",
-            gateway_id,
-            r.org_id,
-            r.team_id,
-            r.project_id,
-            r.user_id,
-            r.key_id,
-            r.model,
-            r.upstream_model,
-            r.replica,
-            None if r.route in _ABSENT else str(r.route, "utf-8", "replace"),  # `_text`
-            r.retries,
-            int(r.stream),
-            r.started_at,
-            r.ttft_ms,
-            r.duration_ms,
-            r.status,
-            r.http_status,
-            r.prompt_tokens,
-            r.completion_tokens,
-            int(r.usage_estimated),
-            r.finish_reason,
-            int(r.request_body not in _ABSENT or r.response_body is not None),  # bodies kept
-            now,
-        )
-        for r in recs
-    ]
 
 
 async def write_finals(
     tx: Database, gateway_id: str, recs: list[wire.UsageRecord], now: float
 ) -> set[str] | None:
-    """Upserts final rows over missing, open-less or interrupted ones (never over a final).
+    """Stores final records: their batch row, and an id row for each that has none yet.
 
     Returns the ids really written on PostgreSQL (another control plane may have written
-    some first), None on SQLite (a single writer: all of them were).
+    some first), None on SQLite (a single writer: `ingest` passes only new finals, all
+    written). An interrupted row a final replaces is the caller's to delete.
     """
-    values = _final_values(recs, gateway_id, now)
+    astuple = msgspec.structs.astuple
+    rows = _json.encode([astuple(r)[:_ROW_FIELDS] for r in recs]).decode()
+    batch = await tx.fetchval(
+        "INSERT INTO request_batches (gateway_id, received_at, started_max, rows) "
+        "VALUES ($1, $2, $3, $4) RETURNING id",
+        gateway_id,
+        now,
+        max(r.started_at for r in recs),
+        rows,
+    )
+    ids = [(r.request_id, batch) for r in recs]
     if tx.dialect == "postgres":
-        await tx.execute(_FINALS_IN_TABLE)
-        await tx.copy_records(_FINALS_IN, _FINAL_COLS, values)
-        rows = await tx.fetch(_FINAL_PG)
-        return {r["id"] for r in rows}
-    await tx.insert_values(_FINAL_SQLITE_HEAD, values, _FINAL_TAIL.removesuffix(" RETURNING id"))
+        await tx.execute(_IDS_IN_TABLE)
+        await tx.copy_records(_IDS_IN, ("id", "batch"), ids)
+        return {r["id"] for r in await tx.fetch(_IDS_PG)}
+    await tx.insert_values("INSERT INTO request_ids (id, batch)", ids, "ON CONFLICT (id) DO NOTHING")
     return None
+
+
+async def stored_final(db: Database, request_id: str) -> tuple[str, wire.UsageRow] | None:
+    """(gateway id, record) of a request whose final is stored by batch, or None."""
+    r = await db.fetchrow(
+        "SELECT b.gateway_id, b.rows FROM request_ids i JOIN request_batches b ON b.id = i.batch "
+        "WHERE i.id = $1",
+        request_id,
+    )
+    if r is None:
+        return None
+    for rec in _rows_decoder.decode(r["rows"]):
+        if rec.request_id == request_id:
+            return r["gateway_id"], rec
+    return None
+
+
+async def stored_finals(db: Database) -> list[tuple[str, wire.UsageRow]]:
+    """(gateway id, record) of every final stored by batch: a full read, for checks and tests."""
+    owner = {r["id"]: r["batch"] for r in await db.fetch("SELECT id, batch FROM request_ids")}
+    out = []
+    for b in await db.fetch("SELECT id, gateway_id, rows FROM request_batches ORDER BY id"):
+        out += [(b["gateway_id"], rec) for rec in _rows_decoder.decode(b["rows"])
+                if owner.get(rec.request_id) == b["id"]]
+    return out
 
 
 async def write_bodies(tx: Database, recs: list[wire.UsageRecord]) -> None:
@@ -237,11 +205,17 @@ ROW_COLS = (
 """What `finished` reads: enough to take back what a row contributed."""
 
 
-async def finished(tx: Database, ids: list[str]) -> dict[str, Row]:
-    """The final or interrupted rows already stored for these ids."""
+async def finished(tx: Database, ids: list[str]) -> dict[str, Row | None]:
+    """The requests of these ids that have a finished record: their `requests` row (an
+    interrupted one, or a final stored before migration 0007), or None for a final stored
+    by batch (only interrupted rows are ever read back, to take them from the rollups)."""
     cond, arg = id_list(tx, ids)
-    rows = await tx.fetch(f"SELECT {ROW_COLS} FROM requests WHERE id {cond}", arg)
-    return {r["id"]: r for r in rows}
+    found: dict[str, Row | None] = {
+        r["id"]: r for r in await tx.fetch(f"SELECT {ROW_COLS} FROM requests WHERE id {cond}", arg)
+    }
+    for r in await tx.fetch(f"SELECT id FROM request_ids WHERE id {cond}", arg):
+        found[r["id"]] = None
+    return found
 
 
 _ROLLUP_COLS = (
