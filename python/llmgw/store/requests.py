@@ -178,11 +178,12 @@ async def request_body(db: Database, request_id: str) -> RequestBody | NotKept |
 async def kept_body(db: Database, request_id: str) -> tuple[RequestBody | NotKept | None, str | None]:
     """What `request_body` answers, and the key the request was made with (None: without
     one, or no finished record): a replay needs both."""
-    found = await stored_final(db, request_id)
-    if found is not None:
+    if await db.fetchval("SELECT 1 FROM request_ids WHERE id = $1", request_id) is not None:
         b = await db.fetchrow("SELECT request, response FROM request_bodies WHERE request_id = $1", request_id)
         if b is not None and b["request"] is not None:
-            return RequestBody(request=msgspec.Raw(b["request"].encode()), response=b["response"] or ""), found[1].key_id
+            found = await stored_final(db, request_id)  # its batch is decoded only for the key
+            body = RequestBody(request=msgspec.Raw(b["request"].encode()), response=b["response"] or "")
+            return body, None if found is None else found[1].key_id
         state = "final"
     else:
         r = await db.fetchrow(

@@ -1,8 +1,8 @@
 """Exact usage: one record per request, the hourly rollup, and settling what dead gateways left open.
 
 The counting rule. A request is `open` (announced in a row of `open_batches`), then
-`final` or `interrupted` (a row in `requests`), and what it adds to the rollups is a function
-of its row alone:
+`final` or `interrupted` (a record; where each is kept is said below), and what it adds
+to the rollups is a function of its record alone:
 
 - open: nothing (the request has not finished; its tokens are unknown);
 - final: 1 request, 1 error unless its status is `ok`, its prompt and completion
@@ -183,8 +183,8 @@ async def ingest(db: Database, batch: wire.UsageBatch, now: float) -> IngestResu
     """Stores one gateway batch and updates the rollups, all in one transaction.
 
     Finals are stored (by batch) unless their request is final already, replacing an
-    interrupted row; the batch's opens are
-    stored as one row (settling and compaction drop those whose request finished); the
+    interrupted row; the batch's opens are stored as one row (settling and compaction
+    drop those whose request finished); the
     rollups move only for the finals written (see the module's counting rule). Bodies
     are kept only where the record carries them. The gateway's `last_seen` becomes `now`. `batch.key_last_used`
     is not handled here: keys belong to the tenancy store (`store.snapshot.touch_keys`),
