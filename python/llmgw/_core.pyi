@@ -15,10 +15,12 @@ __all__ = [
     "Ticket",
     "TokenLease",
     "UsageRows",
+    "UsageScan",
     "__version__",
     "admit",
     "inspect_json",
     "patch_request",
+    "scan_usage",
 ]
 
 __version__: str
@@ -359,3 +361,41 @@ class ModelTokenizer:
     @property
     def has_chat_template(self) -> bool:
         """True when a chat template was found."""
+
+@final
+class UsageScan:
+    """One gateway usage post (`llmgw.wire.UsageBatch` JSON) read by `scan_usage`."""
+
+    @property
+    def gateway_id(self) -> str: ...
+    @property
+    def opens(self) -> bytes | None:
+        """The `opens` value's JSON, when the post has it."""
+    @property
+    def key_last_used(self) -> bytes | None:
+        """The `key_last_used` value's JSON, when the post has it."""
+    @property
+    def rows(self) -> str:
+        """The `rows` array as posted (`[]` when the post has none): the text stored."""
+    @property
+    def rows_posted(self) -> int:
+        """Rows in the post, repeats of a request id included."""
+    @property
+    def ids(self) -> list[str]:
+        """Request ids in the order posted, each once (its first row is the one counted)."""
+    @property
+    def started_max(self) -> float:
+        """The latest `started_at` of the rows (0.0 when none)."""
+    @property
+    def groups(self) -> list[tuple[int, str, str, str, str, str, str, int, int, int, int]]:
+        """The counted rows summed by rollup group: (hour start, org, team, project, user,
+        key, model, requests, errors, prompt tokens, completion tokens), '' for a missing
+        id, the hour as the store's `hour_of` gives it."""
+    def row(self, i: int) -> bytes:
+        """The row of `ids[i]`, as posted."""
+
+def scan_usage(data: bytes) -> UsageScan | None:
+    """Reads a usage post in one native pass, or returns None where msgspec must decode it:
+    it takes only rows msgspec would decode into `UsageRow`, and declines kept bodies,
+    object-shaped finals, unknown keys, a NUL or lone surrogate in a string, and rows
+    shorter than a gateway writes them."""

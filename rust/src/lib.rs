@@ -8,6 +8,7 @@ pub mod router;
 pub mod stream;
 pub mod tokenize;
 pub mod usage;
+pub mod usage_scan;
 
 #[cfg(feature = "python")]
 mod python;

@@ -54,6 +54,16 @@ async def clean(req: Request) -> dict[str, bool]:
     return {"text_clean": req.text_clean, "nul": "\x00" in req.body.name}
 
 
+def native(data: bytes) -> Thing | None:
+    """A stand-in native reader: takes bodies that say so, declines the rest."""
+    return Thing("native", size=len(data)) if b"native" in data else None
+
+
+async def read(req: Request) -> dict[str, Any]:
+    assert isinstance(req.body, Thing)
+    return {"name": req.body.name, "text_clean": req.text_clean}
+
+
 async def rows(req: Request) -> list[Row]:
     return [Row("2026-11-01", 3, "llama"), Row("2026-11-02", 0)]
 
@@ -85,6 +95,8 @@ STANDINS = [
           internal=True, optional_body=True),
     Route("POST", "/internal/v1/clean", "Internal, reports text_clean", clean, request=Thing,
           internal=True),
+    Route("POST", "/internal/v1/read", "Internal, read natively first", read, request=Thing,
+          read=native, internal=True),
 ]
 
 
@@ -256,6 +268,21 @@ def test_a_body_is_text_clean_only_when_it_cannot_hold_a_nul(client: Client) -> 
     assert ask(packed, headers={"content-type": "application/msgpack"}) == {"text_clean": False, "nul": True}
 
 
+def test_a_native_reader_goes_first_and_msgspec_takes_what_it_declines(client: Client) -> None:
+    def ask(body: bytes, **kw: Any) -> Any:
+        return client("POST", "/internal/v1/read", body, token="gateway", **kw)[:2]
+
+    assert ask(b'{"native": 1}') == (200, {"name": "native", "text_clean": True})
+    assert ask(b'{"name": "m"}') == (200, {"name": "m", "text_clean": True})
+    assert ask(b'{"name": "m\\u0000"}') == (200, {"name": "m\x00", "text_clean": False})
+    status, body = ask(b'{"name": 5}')
+    assert status == 400 and "Expected `str`" in body["error"]["message"]
+    # Never for MessagePack: the reader reads JSON.
+    packed = msgspec.msgpack.encode({"name": "native"})
+    assert ask(packed, headers={"content-type": "application/msgpack"}) == (200, {"name": "native",
+                                                                              "text_clean": False})
+
+
 def test_a_client_request_id_is_kept_only_when_safe(client: Client) -> None:
     assert client("GET", "/api/v1/raw", headers={"x-request-id": "abc-123"})[2]["x-request-id"] == "abc-123"
     assert client("GET", "/api/v1/raw", headers={"x-request-id": "a\nb"})[2]["x-request-id"] != "a\nb"
@@ -283,12 +310,13 @@ def test_a_usage_batch_is_cleaned_unless_its_body_was_text_clean() -> None:
     from types import SimpleNamespace
 
     from llmgw.admin import internal
+    from llmgw.store.usage_post import Post
     from llmgw.wire import UsageBatch, UsageOpen
 
-    got: list[UsageBatch] = []
+    got: list[Post] = []
 
-    async def ingest(batch: UsageBatch) -> None:
-        got.append(batch)
+    async def ingest(post: Post) -> None:
+        got.append(post)
 
     def post(batch: UsageBatch, text_clean: bool) -> None:
         req = Request(method="POST", path="/internal/v1/usage", path_params={}, query={}, body=batch,
@@ -305,4 +333,4 @@ def test_a_usage_batch_is_cleaned_unless_its_body_was_text_clean() -> None:
     clean = batch()
     clean.opens[0].model = "m"
     post(clean, text_clean=True)
-    assert got[-1] is clean and got[-1].opens[0].model == "m"
+    assert got[-1].opens is clean.opens and got[-1].opens[0].model == "m"

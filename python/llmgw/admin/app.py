@@ -321,6 +321,10 @@ async def _read_body(route: Route, scope: Any, protocol: Any) -> tuple[Any, bool
                        f"{route.method} {route.path} needs a JSON body; GET /api/v1/openapi.json "
                        "shows its schema")
     ctype = (scope.headers.get("content-type") or "").split(";")[0].strip().lower()
+    if route.read is not None and ctype not in _MSGPACK:
+        got = route.read(data)
+        if got is not None:
+            return got, True
     try:
         if ctype in _MSGPACK:
             return msgspec.msgpack.decode(data, type=route.request), False

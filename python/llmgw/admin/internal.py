@@ -2,12 +2,13 @@
 
 Their handlers only reach the control plane's state through `req.state`:
 `snapshots` (`llmgw.control.snapshots.SnapshotPublisher`), `limits`
-(`llmgw.control.limits.LimitsAuthority`), `ingest_usage(batch)` (the usage store)
+(`llmgw.control.limits.LimitsAuthority`), `ingest_usage(post)` (the usage store; a `store.usage_post.Post`)
 and `wake(model)` (scale from zero; absent where the control plane places nothing).
 """
 
 from __future__ import annotations
 
+from llmgw.store.usage_post import Post, from_batch, from_json
 from llmgw.wire import LeaseReply, LeaseRequest, Snapshot, UsageBatch, WakeReply, WakeRequest
 
 from .route import ApiError, Param, Raw, Request, Route
@@ -35,14 +36,18 @@ async def snapshot(req: Request) -> Raw:
 
 async def usage(req: Request) -> None:
     """Takes one batch of usage from a gateway worker."""
-    batch: UsageBatch = req.body  # decoded into the route's type by the app
     ingest = getattr(req.state, "ingest_usage", None)
     if ingest is None:
         raise ApiError(503, "internal.usage_not_ready",
                        "this control plane does not take usage yet; the gateway keeps the batch and retries")
-    # Cleaning looks at every text field of every record (11 per final): skipped when the
-    # body cannot hold what it replaces, which is every batch a gateway sends in practice.
-    await ingest(batch if req.text_clean else clean_batch(batch))
+    # Read natively by the route's reader (`usage_post.from_json`: a Post), or decoded by
+    # msgspec where it declined: kept bodies, old gateways' objects, text to clean.
+    body: Post | UsageBatch = req.body
+    if isinstance(body, UsageBatch):
+        # Cleaning looks at every text field of every record (11 per final): skipped when
+        # the body cannot hold what it replaces.
+        body = from_batch(body if req.text_clean else clean_batch(body))
+    await ingest(body)
 
 
 _TEXT_FIELDS = ("request_id", "model", "upstream_model", "replica", "status", "finish_reason",
@@ -110,7 +115,7 @@ ROUTES: list[Route] = [
     Route("POST", "/internal/v1/usage", "A gateway worker's batch of usage records", usage,
           description="Opens (requests forwarded, not finished), finals and the keys' last use; "
                       "idempotent per request id.",
-          request=UsageBatch, status=204, internal=True),
+          request=UsageBatch, read=from_json, status=204, internal=True),
     Route("POST", "/internal/v1/leases", "Lease, give back and report limit units", leases,
           description="Request units and concurrency slots so that limits hold across every gateway.",
           request=LeaseRequest, response=LeaseReply, internal=True),

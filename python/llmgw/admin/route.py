@@ -89,6 +89,9 @@ class Route:
     query: tuple[Param, ...] = ()
     request: Any = None
     """The body's type (a msgspec Struct); None reads no body."""
+    read: Callable[[bytes], Any] | None = None
+    """A native reader tried first on a JSON body: what it returns becomes the request's
+    body (text known clean); None from it leaves the body to msgspec and `request`."""
     optional_body: bool = False
     response: Any = None
     """The type a success answers with, e.g. `list[OrgView]`."""

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw.secrets import GATEWAY_TOKEN_LABEL, HASH_LABEL, JOIN_HASH_LABEL, derive
 from llmgw.store import Database, connect, migrate
-from llmgw.wire import UsageBatch
+from llmgw.store.usage_post import Post
 
 from . import datadir
 from .leader import Leadership
@@ -89,7 +89,7 @@ class ControlPlane:
         """The fleet: nodes, models, replicas and the reconcile loop (control/fleet.py)."""
         self.wake: Callable[[str], Awaitable[Any]] | None = None
         """Scale from zero for POST /internal/v1/wake (set by control/fleet.py)."""
-        self.ingest_usage: Callable[[UsageBatch], Awaitable[None]] | None = None
+        self.ingest_usage: Callable[[Post], Awaitable[None]] | None = None
         """Stores one gateway batch (set by control/usage.py)."""
         self.used_tokens: Callable[[str, float], Awaitable[int]] | None = None
         """Tokens a key or project used since a time (set by control/usage.py)."""

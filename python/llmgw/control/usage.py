@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 
 from llmgw.store import StoreError
 from llmgw.store.snapshot import touch_keys
-from llmgw.store.usage import compact_opens, ingest, prune, settle_stale
+from llmgw.store.usage import Post, compact_opens, ingest, prune, settle_stale
 from llmgw.store.usage_report import tokens_used
-from llmgw.wire import UsageBatch
 
 if TYPE_CHECKING:
     from .server import ControlPlane
@@ -35,10 +34,10 @@ PRUNE_EVERY = 3600.0
 async def attach(cp: ControlPlane) -> None:
     """Sets `cp.ingest_usage` and `cp.used_tokens`, and starts the settle and prune loops."""
 
-    async def ingest_usage(batch: UsageBatch) -> None:
-        await ingest(cp.db, batch, time.time())
-        if batch.key_last_used:
-            await touch_keys(cp.db, batch.key_last_used)
+    async def ingest_usage(post: Post) -> None:
+        await ingest(cp.db, post, time.time())
+        if post.key_last_used:
+            await touch_keys(cp.db, post.key_last_used)
 
     async def used_tokens(scope: str, period_start: float) -> int:
         return await tokens_used(cp.db, scope, period_start)

@@ -51,9 +51,9 @@ from typing import Any
 from llmgw import wire
 
 from .db import Database, Row
+from .usage_post import Group, Post, from_batch
 from .usage_report import (
     DIMENSIONS,
-    HOUR,
     ExportRow,
     Period,
     ScopeKind,
@@ -81,6 +81,7 @@ __all__ = [
     "ExportRow",
     "IngestResult",
     "Period",
+    "Post",
     "ScopeKind",
     "ScopeUsage",
     "compact_opens",
@@ -127,27 +128,28 @@ def _add(
     acc[3] += sign * completion
 
 
-def _add_records(delta: Delta, recs: list[wire.UsageRecord]) -> None:
-    """Adds what these finals contribute. A batch holds a few distinct (hour, tenancy, model)
-    groups: records are summed by their raw fields first, and each group's key is made (the
-    hour as `hour_of` gives it, '' for a missing id) once, not per record (a third of the cost)."""
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for rec in recs:
-        g = (rec.started_at // HOUR, rec.org_id, rec.team_id, rec.project_id, rec.user_id, rec.key_id, rec.model)
-        acc = groups.get(g)
-        if acc is None:
-            acc = groups[g] = [0, 0, 0, 0]
-        acc[0] += 1
-        acc[1] += rec.status != "ok"
-        acc[2] += rec.prompt_tokens
-        acc[3] += rec.completion_tokens
-    for g, (n, errors, prompt, completion) in groups.items():
-        acc = delta.setdefault((int(g[0]) * HOUR, g[1] or "", g[2] or "", g[3] or "", g[4] or "", g[5] or "", g[6]),
-                               [0, 0, 0, 0])
-        acc[0] += n
-        acc[1] += errors
-        acc[2] += prompt
-        acc[3] += completion
+def _add_groups(delta: Delta, groups: list[Group]) -> None:
+    """Adds a post's rollup sums (`usage_post.Group`: the key, then the four sums)."""
+    for g in groups:
+        acc = delta.setdefault(g[:7], [0, 0, 0, 0])
+        acc[0] += g[7]
+        acc[1] += g[8]
+        acc[2] += g[9]
+        acc[3] += g[10]
+
+
+def _add_record(delta: Delta, rec: wire.UsageRecord, sign: int) -> None:
+    """Adds (sign=1) or takes back (sign=-1) what one final record contributes."""
+    key = (
+        hour_of(rec.started_at),
+        rec.org_id or "",
+        rec.team_id or "",
+        rec.project_id or "",
+        rec.user_id or "",
+        rec.key_id or "",
+        rec.model,
+    )
+    _add(delta, key, sign, rec.status != "ok", rec.prompt_tokens, rec.completion_tokens)
 
 
 def _add_row(delta: Delta, row: Row, sign: int) -> None:
@@ -179,23 +181,26 @@ def _unfinished(prior: dict[str, Row | None], request_id: str) -> bool:
     return row is not None and row["state"] != "final"
 
 
-async def ingest(db: Database, batch: wire.UsageBatch, now: float) -> IngestResult:
-    """Stores one gateway batch and updates the rollups, all in one transaction.
+async def ingest(db: Database, post: Post | wire.UsageBatch, now: float) -> IngestResult:
+    """Stores one gateway post and updates the rollups, all in one transaction.
 
-    Finals are stored (by batch) unless their request is final already, replacing an
-    interrupted row; the batch's opens are stored as one row (settling and compaction
-    drop those whose request finished); the
-    rollups move only for the finals written (see the module's counting rule). Bodies
-    are kept only where the record carries them. The gateway's `last_seen` becomes `now`. `batch.key_last_used`
-    is not handled here: keys belong to the tenancy store (`store.snapshot.touch_keys`),
-    which the same handler calls.
+    Finals are stored (by post) unless their request is final already, replacing an
+    interrupted row; the post's opens are stored as one row (settling and compaction drop
+    those whose request finished); the rollups move only for the finals written (see the
+    module's counting rule): by the post's native sums, less the few finals not written.
+    Bodies are kept only where the record carries them. The gateway's `last_seen` becomes
+    `now`. `key_last_used` is not handled here: keys belong to the tenancy store
+    (`store.snapshot.touch_keys`), which the same handler calls.
     """
-    # The first record of a request id wins (a gateway sends one, so this is for safety).
-    finals = {rec.request_id: rec for rec in reversed(batch.ended())}
+    if isinstance(post, wire.UsageBatch):
+        post = from_batch(post)
+    ids = post.ids
     opens: dict[str, wire.UsageOpen] = {}
-    for o in batch.opens:
-        if o.request_id not in finals:  # finished within the batch: the final says it all
-            opens.setdefault(o.request_id, o)
+    if post.opens:
+        ended = set(ids)
+        for o in post.opens:
+            if o.request_id not in ended:  # finished within the post: the final says it all
+                opens.setdefault(o.request_id, o)
     delta: Delta = {}
     counted = corrected = 0
     async with db.transaction() as tx:
@@ -206,35 +211,39 @@ async def ingest(db: Database, batch: wire.UsageBatch, now: float) -> IngestResu
             "ON CONFLICT (gateway_id) DO UPDATE SET last_seen = "
             "CASE WHEN gateways.last_seen > excluded.last_seen THEN gateways.last_seen "
             "ELSE excluded.last_seen END",
-            batch.gateway_id,
+            post.gateway_id,
             now,
         )
-        if finals:
-            ids = sorted(finals)  # one lock order for every transaction: no deadlock
-            prior = await finished(tx, ids)
-            todo = [finals[i] for i in ids if _unfinished(prior, i)]
-            written = await write_finals(tx, batch.gateway_id, todo, now) if todo else set()
-            if written is not None:
-                todo = [r for r in todo if r.request_id in written]
+        if ids:
+            order = sorted(ids)  # one lock order for every transaction: no deadlock
+            prior = await finished(tx, order)
+            todo = [i for i in order if _unfinished(prior, i)] if prior else order
+            written = await write_finals(tx, post, todo, now) if todo else set()
+            if written is not None and len(written) < len(todo):
+                todo = [i for i in todo if i in written]
             counted = len(todo)
-            _add_records(delta, todo)
-            if prior:
-                replaced = []
-                for rec in todo:
-                    old = prior.get(rec.request_id)
-                    if old is not None:  # it was interrupted: take back what the settle counted
-                        corrected += 1
-                        _add_row(delta, old, -1)
-                        replaced.append(rec.request_id)
-                if replaced:  # the final is stored by batch now; its interrupted row goes
-                    cond, arg = id_list(tx, replaced)
-                    await tx.execute(f"DELETE FROM requests WHERE id {cond}", arg)
-            await write_bodies(tx, todo)
+            _add_groups(delta, post.groups)
+            if counted < len(ids):  # the sums hold every id: take back those not written now
+                at = {i: n for n, i in enumerate(ids)}
+                for i in set(ids).difference(todo):
+                    _add_record(delta, post.record(at[i]), -1)
+            replaced = []
+            for i in todo if prior else ():
+                old = prior.get(i)
+                if old is not None:  # it was interrupted: take back what the settle counted
+                    corrected += 1
+                    _add_row(delta, old, -1)
+                    replaced.append(i)
+            if replaced:  # the final is stored by post now; its interrupted row goes
+                cond, arg = id_list(tx, replaced)
+                await tx.execute(f"DELETE FROM requests WHERE id {cond}", arg)
+            if post.bodies:
+                await write_bodies(tx, [(i, *post.bodies[i]) for i in todo if i in post.bodies])
         if opens:
-            await write_opens(tx, batch.gateway_id, [opens[i] for i in sorted(opens)], now)
+            await write_opens(tx, post.gateway_id, [opens[i] for i in sorted(opens)], now)
         await add_to_rollups(tx, delta)
     return IngestResult(
-        counted=counted, corrected=corrected, duplicates=len(finals) - counted, opens=len(opens)
+        counted=counted, corrected=corrected, duplicates=len(ids) - counted, opens=len(opens)
     )
 
 

@@ -20,22 +20,13 @@ import msgspec
 from llmgw import wire
 
 from .db import Database, Row
+from .usage_post import Post
 from .usage_report import DAY
 
 Delta = dict[tuple[int, str, str, str, str, str, str], list[int]]
 """(hour, org, team, project, user, key, model) -> [requests, errors, prompt, completion]."""
 
 _json = msgspec.json.Encoder()
-
-
-_ABSENT = (None, wire.NULL)
-"""What a record's route or request body is when it has none (wire.NULL is raw JSON null)."""
-
-
-def _text(raw: msgspec.Raw | bytes | None) -> str | None:
-    if raw is None or raw == wire.NULL:  # `in _ABSENT`, in a form the type checker follows
-        return None
-    return bytes(raw).decode("utf-8", "replace")
 
 
 async def bulk_insert(
@@ -56,14 +47,12 @@ async def bulk_insert(
     await tx.insert_values(f"{head} ({names})", rows, tail)
 
 
-# Finals (migration 0007): a posted batch's records as one `request_batches` row, the JSON
-# array of their wire.UsageRow arrays without the bodies (which go to request_bodies), and
+# Finals (migration 0007): a post's records as one `request_batches` row, the JSON array of
+# their wire.UsageRow arrays as posted, with no kept bodies (those go to request_bodies), and
 # one `request_ids` row per request naming its batch. The id row is what counts: the first
 # final of a request writes it, and a later copy (a batch sent again, another control
 # plane's ingest) finds it taken and is not counted; its batch row may still hold the copy,
 # which no id row points to and readers skip.
-_ROW_FIELDS = wire.UsageRecord.__struct_fields__.index("request_body")
-"""The fields of a stored row: every one before the bodies."""
 _rows_decoder = msgspec.json.Decoder(list[wire.UsageRow])
 
 # PostgreSQL: the id rows land in a temporary table by binary COPY, then move with one
@@ -78,31 +67,28 @@ _IDS_PG = (
 )
 
 
-async def write_finals(
-    tx: Database, gateway_id: str, recs: list[wire.UsageRecord], now: float
-) -> set[str] | None:
-    """Stores final records: their batch row, and an id row for each that has none yet.
+async def write_finals(tx: Database, post: Post, ids: list[str], now: float) -> set[str] | None:
+    """Stores a post's finished requests: its rows as posted in one batch row, and an id row
+    for each of `ids` (those not final yet).
 
     Returns the ids really written on PostgreSQL (another control plane may have written
     some first), None on SQLite (a single writer: `ingest` passes only new finals, all
     written). An interrupted row a final replaces is the caller's to delete.
     """
-    astuple = msgspec.structs.astuple
-    rows = _json.encode([astuple(r)[:_ROW_FIELDS] for r in recs]).decode()
     batch = await tx.fetchval(
         "INSERT INTO request_batches (gateway_id, received_at, started_max, rows) "
         "VALUES ($1, $2, $3, $4) RETURNING id",
-        gateway_id,
+        post.gateway_id,
         now,
-        max(r.started_at for r in recs),
-        rows,
+        post.started_max,
+        post.rows,
     )
-    ids = [(r.request_id, batch) for r in recs]
+    pairs = [(i, batch) for i in ids]
     if tx.dialect == "postgres":
         await tx.execute(_IDS_IN_TABLE)
-        await tx.copy_records(_IDS_IN, ("id", "batch"), ids)
+        await tx.copy_records(_IDS_IN, ("id", "batch"), pairs)
         return {r["id"] for r in await tx.fetch(_IDS_PG)}
-    await tx.insert_values("INSERT INTO request_ids (id, batch)", ids, "ON CONFLICT (id) DO NOTHING")
+    await tx.insert_values("INSERT INTO request_ids (id, batch)", pairs, "ON CONFLICT (id) DO NOTHING")
     return None
 
 
@@ -131,19 +117,14 @@ async def stored_finals(db: Database) -> list[tuple[str, wire.UsageRow]]:
     return out
 
 
-async def write_bodies(tx: Database, recs: list[wire.UsageRecord]) -> None:
-    """Keeps the bodies the records carry (the gateway sends them only where they are kept)."""
-    rows = [
-        (r.request_id, _text(r.request_body), _text(r.response_body))
-        for r in recs
-        if r.request_body not in _ABSENT or r.response_body is not None
-    ]
-    if rows:
+async def write_bodies(tx: Database, bodies: list[tuple[str, str | None, str | None]]) -> None:
+    """Keeps kept bodies: (request id, request body, response body) each."""
+    if bodies:
         await bulk_insert(
             tx,
             "INSERT INTO request_bodies",
             (("request_id", "text"), ("request", "text"), ("response", "text")),
-            rows,
+            bodies,
             "ON CONFLICT (request_id) DO NOTHING",
         )
 

@@ -223,6 +223,8 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<limits::TokenLease>()?;
     m.add_class::<limits::Ticket>()?;
     m.add_class::<usage::UsageRows>()?;
+    m.add_class::<usage::UsageScan>()?;
+    m.add_function(wrap_pyfunction!(usage::scan_usage, m)?)?;
     m.add_class::<tokenize::ModelTokenizer>()?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(patch_request, m)?)?;

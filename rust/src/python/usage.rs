@@ -4,8 +4,9 @@
 //! it until the next post and encoded the batch then; here the row is written into one
 //! buffer at once and a post takes the head of it as bytes.
 
+use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::usage::{Row, Rows};
 
@@ -115,4 +116,65 @@ impl UsageRows {
     fn nbytes(&self) -> usize {
         self.rows.bytes()
     }
+}
+
+/// One usage post read by `scan_usage` (see `crate::usage_scan`).
+#[pyclass(module = "llmgw._core", name = "UsageScan", frozen)]
+pub struct UsageScan {
+    #[pyo3(get)]
+    gateway_id: String,
+    #[pyo3(get)]
+    opens: Option<Py<PyBytes>>,
+    #[pyo3(get)]
+    key_last_used: Option<Py<PyBytes>>,
+    #[pyo3(get)]
+    rows: Py<PyString>,
+    #[pyo3(get)]
+    rows_posted: usize,
+    #[pyo3(get)]
+    ids: Py<PyList>,
+    #[pyo3(get)]
+    started_max: f64,
+    #[pyo3(get)]
+    groups: Py<PyList>,
+    data: Py<PyBytes>,
+    spans: Vec<(usize, usize)>,
+}
+
+#[pymethods]
+impl UsageScan {
+    /// The row of the `i`-th id, as posted.
+    fn row<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let &(from, to) = self
+            .spans
+            .get(i)
+            .ok_or_else(|| PyIndexError::new_err(format!("no row {i}: the post has {}", self.spans.len())))?;
+        Ok(PyBytes::new(py, &self.data.as_bytes(py)[from..to]))
+    }
+}
+
+/// Reads a usage post natively, or returns None where msgspec must decode it.
+#[pyfunction]
+pub fn scan_usage(data: &Bound<'_, PyBytes>) -> PyResult<Option<UsageScan>> {
+    let py = data.py();
+    let Ok(s) = crate::usage_scan::scan(data.as_bytes()) else {
+        return Ok(None);
+    };
+    let groups = PyList::empty(py);
+    for ((hour, [org, team, project, user, key], model), [n, errors, prompt, completion]) in &s.groups {
+        groups.append((*hour, org, team, project, user, key, model, *n, *errors, *prompt, *completion))?;
+    }
+    let rows = if s.rows.is_empty() { "[]" } else { std::str::from_utf8(s.rows).unwrap_or("[]") };
+    Ok(Some(UsageScan {
+        gateway_id: s.gateway_id.into_owned(),
+        opens: s.opens.map(|b| PyBytes::new(py, b).unbind()),
+        key_last_used: s.key_last_used.map(|b| PyBytes::new(py, b).unbind()),
+        rows: PyString::new(py, rows).unbind(),
+        rows_posted: s.rows_posted,
+        ids: PyList::new(py, &s.ids)?.unbind(),
+        started_max: s.started_max,
+        groups: groups.unbind(),
+        data: data.clone().unbind(),
+        spans: s.spans,
+    }))
 }
