@@ -9,7 +9,7 @@ from llmgw.store import Database
 from llmgw.store.requests import NotKept, RequestBody, request_body, request_view
 from llmgw.store.usage import ingest, prune, settle_gateway, settle_stale, usage_by_scope
 
-from .usage_util import T0, batch, final, opened, rows_total, totals
+from .usage_util import T0, as_posted, batch, final, opened, rows_total, totals
 from .util import with_db
 
 
@@ -40,6 +40,25 @@ def test_open_then_final_counts_once_and_duplicates_are_ignored(store_url: str) 
         b = await request_view(db, "b")
         assert b is not None and b.state == "open"
         assert await request_view(db, "zzz") is None
+
+    with_db(store_url, body)
+
+
+def test_a_post_read_natively_counts_new_corrects_interrupted_and_skips_final(store_url: str) -> None:
+    async def body(db: Database) -> None:
+        assert (await ingest(db, as_posted(batch(finals=[final("a"), final("b")])), T0)).counted == 2
+        await ingest(db, batch(opens=[opened("c")]), T0)
+        assert await settle_gateway(db, "gw1", T0 + 5) == 1
+        post = as_posted(batch(finals=[final("a", prompt=999), final("c"), final("d"), final("d", prompt=7)]))
+        assert post.ids == ["a", "c", "d"] and post.groups  # read natively: summed by group
+        r = await ingest(db, post, T0 + 6)
+        assert (r.counted, r.corrected, r.duplicates) == (2, 1, 1)
+        assert await totals(db) == (4, 0, 48, 20) == await rows_total(db)
+        view = await request_view(db, "c")
+        assert view is not None and view.state == "final"
+        # The same post again changes nothing.
+        assert (await ingest(db, post, T0 + 7)).counted == 0
+        assert await totals(db) == (4, 0, 48, 20) == await rows_total(db)
 
     with_db(store_url, body)
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from llmgw.store import Database, connect, migrate
 from llmgw.store.usage import hour_of, ingest, settle_gateway, settle_stale
 
-from .usage_util import T0, daily_matches_hourly, final, opened, rows_total, totals
+from .usage_util import T0, as_posted, daily_matches_hourly, final, opened, rows_total, totals
 
 N = 6  # requests; request i belongs to gateway gw{i % 2}
 
@@ -95,7 +95,7 @@ async def _play(db: Database, events: list[tuple[str, int, list[tuple[str, int]]
         now = T0 + step  # one second per event
         if kind == "batch":
             mine = [(w, i) for w, i in items if i % 2 == arg]
-            await ingest(db, _batch(arg, mine), now)
+            await ingest(db, as_posted(_batch(arg, mine)), now)
         elif kind == "settle":
             await settle_gateway(db, f"gw{arg}", now)
         else:
@@ -163,7 +163,7 @@ def test_concurrent_ingests_and_settles_count_once(store_url: str) -> None:
             await ingest(db, wire.UsageBatch(gateway_id="gw0", opens=opens), T0)
             # distinct gateway ids, or the gateways row lock would serialize the ingests
             jobs = [
-                ingest(db, wire.UsageBatch(gateway_id=f"gw0-{k}", finals=finals), T0 + 1)
+                ingest(db, as_posted(wire.UsageBatch(gateway_id=f"gw0-{k}", finals=finals)), T0 + 1)
                 for k in range(6)
             ]
             results = await asyncio.gather(

@@ -8,6 +8,7 @@ import msgspec
 
 from llmgw import wire
 from llmgw.store import Database
+from llmgw.store.usage_post import Post, from_batch, from_json
 from llmgw.store.usage_rows import stored_finals
 
 T0 = 1_793_491_200.0
@@ -139,3 +140,12 @@ async def daily_matches_hourly(db: Database) -> bool:
         f"SELECT day, {dims}, requests, errors, prompt_tokens, completion_tokens FROM usage_daily"
     )
     return nonzero(hourly) == nonzero(daily)
+
+
+def as_posted(batch: wire.UsageBatch) -> Post:
+    """The batch as a control plane takes it off the wire: sent as a gateway sends it (finals
+    as rows), read natively where the scan takes it, else decoded by msgspec."""
+    rows = [wire.UsageRow(*msgspec.structs.astuple(r)) for r in batch.ended()]
+    data = msgspec.json.encode(wire.UsageBatch(gateway_id=batch.gateway_id, opens=batch.opens, rows=rows,
+                                               key_last_used=batch.key_last_used))
+    return from_json(data) or from_batch(msgspec.json.decode(data, type=wire.UsageBatch))

@@ -70,12 +70,13 @@ class Database(Protocol):
         callers check `dialect` first (its `executemany` is already one C loop)."""
         ...
 
-    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
+    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> int:
         """SQLite only: `{head} VALUES (..), (..), .. {tail}` for all of `rows` (each as wide
         as the columns `head` names), in as few statements as SQLite's limit on parameters
         allows. One statement steps once for hundreds of rows where `executemany` steps (and
         hands Python's lock back and forth) once per row. PostgreSQL raises StoreError:
-        callers check `dialect` first (there, `copy_records`)."""
+        callers check `dialect` first (there, `copy_records`). Returns the rows written (not
+        those an `ON CONFLICT DO NOTHING` tail skipped)."""
         ...
 
     def transaction(self) -> AbstractAsyncContextManager[Database]:

@@ -187,10 +187,10 @@ class Fenced:
         async with self._fenced() as tx:
             return await tx.copy_records(table, columns, records)
 
-    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
+    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> int:
         """`Database.insert_values`, fenced."""
         async with self._fenced() as tx:
-            await tx.insert_values(head, rows, tail)
+            return await tx.insert_values(head, rows, tail)
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         """`Database.fetch` (not fenced: reading changes nothing)."""

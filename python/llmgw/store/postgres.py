@@ -72,7 +72,7 @@ class PostgresDatabase:
         async with self._connection() as conn:
             return await _Conn(conn, self.url).fetchval(sql, *args)
 
-    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
+    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> int:
         """SQLite only; on PostgreSQL, `copy_records` (or `executemany`) lands many rows."""
         raise StoreError("insert_values is SQLite only; use copy_records or executemany on PostgreSQL")
 
@@ -174,7 +174,7 @@ class _Conn:
         row = await self.fetchrow(sql, *args)
         return None if row is None else row[0]
 
-    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
+    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> int:
         """SQLite only; on PostgreSQL, `copy_records` (or `executemany`) lands many rows."""
         raise StoreError("insert_values is SQLite only; use copy_records or executemany on PostgreSQL")
 

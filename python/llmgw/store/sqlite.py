@@ -45,9 +45,10 @@ def _values_sql(head: str, width: int, n: int, tail: str) -> str:
     return f"{head} VALUES {', '.join([one] * n)} {tail}"
 
 
-def _insert_values(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[Any]], tail: str) -> None:
+def _insert_values(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[Any]], tail: str) -> int:
     if not rows:
-        return
+        return 0
+    changed = 0
     width = len(rows[0])
     most = max(1, min(_VALUES_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width))
     i = 0
@@ -56,8 +57,10 @@ def _insert_values(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[
         # so the texts here and sqlite3's cache of compiled statements stay a few, where a
         # shape per remainder would keep up to 128 statements of thousands of parameters.
         n = 1 << (min(most, len(rows) - i).bit_length() - 1)
-        conn.execute(_values_sql(head, width, n, tail), list(itertools.chain.from_iterable(rows[i:i + n])))
+        changed += conn.execute(_values_sql(head, width, n, tail),
+                                list(itertools.chain.from_iterable(rows[i:i + n]))).rowcount
         i += n
+    return changed
 
 
 def file_of(url: str) -> str:
@@ -131,30 +134,31 @@ class SqliteDatabase:
         """Runs one statement; returns the number of rows it changed."""
         return await self._locked(lambda: self._conn.execute(_sql(sql), args).rowcount)
 
-    async def _atomically(self, fn: Callable[[sqlite3.Connection], object]) -> None:
+    async def _atomically(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Runs `fn(conn)` on the store's thread inside BEGIN .. COMMIT (ROLLBACK if it raises)."""
         conn = self._conn
 
-        def run() -> None:
+        def run() -> T:
             conn.execute("BEGIN")
             try:
-                fn(conn)
+                out = fn(conn)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            return out
 
-        await self._locked(run)
+        return await self._locked(run)
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Runs a statement per row, all inside one transaction."""
         batch = list(rows)
         await self._atomically(lambda conn: conn.executemany(_sql(sql), batch))
 
-    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
-        """All of `rows` in multi-row statements, inside one transaction."""
+    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> int:
+        """All of `rows` in multi-row statements, inside one transaction; returns the rows written."""
         batch = list(rows)
-        await self._atomically(lambda conn: _insert_values(conn, head, batch, tail))
+        return await self._atomically(lambda conn: _insert_values(conn, head, batch, tail))
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         """All rows of a query."""
@@ -225,10 +229,10 @@ class _Tx:
         conn, batch = self._db._conn, list(rows)
         await self._db._run(lambda: conn.executemany(_sql(sql), batch))
 
-    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
-        """All of `rows` in multi-row statements."""
+    async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> int:
+        """All of `rows` in multi-row statements; returns the rows written."""
         conn, batch = self._db._conn, list(rows)
-        await self._db._run(lambda: _insert_values(conn, head, batch, tail))
+        return await self._db._run(lambda: _insert_values(conn, head, batch, tail))
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         """All rows of a query."""

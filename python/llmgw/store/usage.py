@@ -71,6 +71,7 @@ from .usage_rows import (
     finished,
     id_list,
     read_opens,
+    request_rows,
     write_bodies,
     write_finals,
     write_opens,
@@ -173,12 +174,11 @@ def _add_row(delta: Delta, row: Row, sign: int) -> None:
     )
 
 
-def _unfinished(prior: dict[str, Row | None], request_id: str) -> bool:
-    """Whether a final for this request counts: it has no record, or an interrupted one."""
-    if request_id not in prior:
-        return True
-    row = prior[request_id]
-    return row is not None and row["state"] != "final"
+def _unfinished(prior: dict[str, Row], request_id: str) -> bool:
+    """Whether a final for this request may count: it has no `requests` row, or an
+    interrupted one (its id row, written next, tells whether it was final already)."""
+    row = prior.get(request_id)
+    return row is None or row["state"] != "final"
 
 
 async def ingest(db: Database, post: Post | wire.UsageBatch, now: float) -> IngestResult:
@@ -215,11 +215,13 @@ async def ingest(db: Database, post: Post | wire.UsageBatch, now: float) -> Inge
             now,
         )
         if ids:
-            order = sorted(ids)  # one lock order for every transaction: no deadlock
-            prior = await finished(tx, order)
+            # One lock order for every transaction on PostgreSQL (no deadlock); SQLite has
+            # one writer.
+            order = sorted(ids) if tx.dialect == "postgres" else ids
+            prior = await request_rows(tx, order)  # interrupted, or final before 0007
             todo = [i for i in order if _unfinished(prior, i)] if prior else order
             written = await write_finals(tx, post, todo, now) if todo else set()
-            if written is not None and len(written) < len(todo):
+            if written is not None:  # some were final already: only the rest count
                 todo = [i for i in todo if i in written]
             counted = len(todo)
             _add_groups(delta, post.groups)

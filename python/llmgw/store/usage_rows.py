@@ -52,7 +52,8 @@ async def bulk_insert(
 # one `request_ids` row per request naming its batch. The id row is what counts: the first
 # final of a request writes it, and a later copy (a batch sent again, another control
 # plane's ingest) finds it taken and is not counted; its batch row may still hold the copy,
-# which no id row points to and readers skip.
+# which no id row points to and readers skip. Within one batch, the first row of an id is
+# its record (a post is stored as sent, repeats included).
 _rows_decoder = msgspec.json.Decoder(list[wire.UsageRow])
 
 # PostgreSQL: the id rows land in a temporary table by binary COPY, then move with one
@@ -68,12 +69,13 @@ _IDS_PG = (
 
 
 async def write_finals(tx: Database, post: Post, ids: list[str], now: float) -> set[str] | None:
-    """Stores a post's finished requests: its rows as posted in one batch row, and an id row
-    for each of `ids` (those not final yet).
+    """Stores a post's finished requests: its rows in one batch row, and an id row for each
+    of `ids` that has none yet (`ids` must hold no request already final in `requests`).
 
-    Returns the ids really written on PostgreSQL (another control plane may have written
-    some first), None on SQLite (a single writer: `ingest` passes only new finals, all
-    written). An interrupted row a final replaces is the caller's to delete.
+    Returns None when every id row was written, else the ids whose row was (the others
+    were final already: a post sent again, or another control plane's ingest first). The
+    insert is the check, so a post of new requests costs no lookup. An interrupted row a
+    final replaces is the caller's to delete.
     """
     batch = await tx.fetchval(
         "INSERT INTO request_batches (gateway_id, received_at, started_max, rows) "
@@ -87,9 +89,12 @@ async def write_finals(tx: Database, post: Post, ids: list[str], now: float) -> 
     if tx.dialect == "postgres":
         await tx.execute(_IDS_IN_TABLE)
         await tx.copy_records(_IDS_IN, ("id", "batch"), pairs)
-        return {r["id"] for r in await tx.fetch(_IDS_PG)}
-    await tx.insert_values("INSERT INTO request_ids (id, batch)", pairs, "ON CONFLICT (id) DO NOTHING")
-    return None
+        written = {r["id"] for r in await tx.fetch(_IDS_PG)}
+        return None if len(written) == len(ids) else written
+    n = await tx.insert_values("INSERT INTO request_ids (id, batch)", pairs, "ON CONFLICT (id) DO NOTHING")
+    if n == len(ids):
+        return None
+    return {r["id"] for r in await tx.fetch("SELECT id FROM request_ids WHERE batch = $1", batch)}
 
 
 async def stored_final(db: Database, request_id: str) -> tuple[str, wire.UsageRow] | None:
@@ -108,12 +113,15 @@ async def stored_final(db: Database, request_id: str) -> tuple[str, wire.UsageRo
 
 
 async def stored_finals(db: Database) -> list[tuple[str, wire.UsageRow]]:
-    """(gateway id, record) of every final stored by batch: a full read, for checks and tests."""
+    """(gateway id, record) of every final stored by batch: a full read, for checks and tests.
+    A request's record is the first row of its id in the batch its id row names."""
     owner = {r["id"]: r["batch"] for r in await db.fetch("SELECT id, batch FROM request_ids")}
     out = []
     for b in await db.fetch("SELECT id, gateway_id, rows FROM request_batches ORDER BY id"):
-        out += [(b["gateway_id"], rec) for rec in _rows_decoder.decode(b["rows"])
-                if owner.get(rec.request_id) == b["id"]]
+        for rec in _rows_decoder.decode(b["rows"]):
+            if owner.get(rec.request_id) == b["id"]:
+                del owner[rec.request_id]  # a repeat later in the post is not the record
+                out.append((b["gateway_id"], rec))
     return out
 
 
@@ -186,14 +194,22 @@ ROW_COLS = (
 """What `finished` reads: enough to take back what a row contributed."""
 
 
+async def request_rows(tx: Database, ids: list[str]) -> dict[str, Row]:
+    """The `requests` rows of these ids: interrupted requests, and finals stored before
+    migration 0007. Without a lookup when the table is empty, as it is on a store made
+    since then while no gateway has died."""
+    if not await tx.fetchval("SELECT EXISTS (SELECT 1 FROM requests)"):
+        return {}
+    cond, arg = id_list(tx, ids)
+    return {r["id"]: r for r in await tx.fetch(f"SELECT {ROW_COLS} FROM requests WHERE id {cond}", arg)}
+
+
 async def finished(tx: Database, ids: list[str]) -> dict[str, Row | None]:
     """The requests of these ids that have a finished record: their `requests` row (an
     interrupted one, or a final stored before migration 0007), or None for a final stored
     by batch (only interrupted rows are ever read back, to take them from the rollups)."""
+    found: dict[str, Row | None] = {**await request_rows(tx, ids)}
     cond, arg = id_list(tx, ids)
-    found: dict[str, Row | None] = {
-        r["id"]: r for r in await tx.fetch(f"SELECT {ROW_COLS} FROM requests WHERE id {cond}", arg)
-    }
     for r in await tx.fetch(f"SELECT id FROM request_ids WHERE id {cond}", arg):
         found[r["id"]] = None
     return found
