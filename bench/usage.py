@@ -1,10 +1,13 @@
 """`python -m bench run usage`: usage ingestion into SQLite and PostgreSQL, side by side.
 
-Gateways send batches of usage records (`wire.UsageBatch`) to the control plane,
-which stores them with `llmgw.store.usage.ingest`. This calls `ingest` directly,
-in-process, with batches as a busy gateway sends them, and counts requests
-recorded per second of wall time and per CPU-second (this process, SQLite's
-thread included, plus the PostgreSQL server processes serving it). Two shapes:
+Gateways send batches of usage records (`wire.UsageBatch`, finals as rows) to the
+control plane, which reads each post (`store.usage_post.from_json`, natively, or
+msgspec where the scan declines) and stores it with `llmgw.store.usage.ingest`.
+This does both in-process, with posts encoded as a busy gateway sends them, and
+counts requests recorded per second of wall time and per CPU-second (this process,
+SQLite's thread included, plus the PostgreSQL server processes serving it). Reading
+the post is timed since the sixth session of 2026-11-30; before, batches were
+handed to `ingest` decoded. Two shapes:
 
 - `final`: a request shorter than a batch interval: its open and final come in one
   batch, so only the final is written;
@@ -38,6 +41,7 @@ from bench.runner import ROOT
 from llmgw import wire
 from llmgw.store import Database, connect, migrate
 from llmgw.store.usage import ingest
+from llmgw.store.usage_post import from_batch, from_json
 
 TARGET = 20_000.0  # requests recorded per second, each backend
 # Loopback without TLS, as a control plane next to its database runs; over TLS, encrypting
@@ -47,6 +51,7 @@ PG_ADMIN = os.environ.get(
 )
 T0 = 1_793_491_200.0
 REQUESTS = 40_000  # per run; 8 runs (2 backends x 2 shapes x 1 or 2 in flight)
+_decode = msgspec.json.Decoder(wire.UsageBatch).decode
 
 
 class Run(msgspec.Struct, kw_only=True):
@@ -71,8 +76,8 @@ class UsageResult(Result, kw_only=True):
     checks: list[Check] = msgspec.field(default_factory=list)
 
 
-def _batches(n: int, size: int, shape: str, gateway: str) -> list[wire.UsageBatch]:
-    """`n` requests in batches of `size`, as one gateway sends them."""
+def _batches(n: int, size: int, shape: str, gateway: str) -> list[bytes]:
+    """`n` requests in posts of `size`, encoded as one gateway sends them."""
     route = msgspec.Raw(b'{"policy":"prefix","replica":"r1","matched_blocks":12,"candidates":4}')
 
     def final(i: int) -> wire.UsageRecord:
@@ -117,17 +122,17 @@ def _batches(n: int, size: int, shape: str, gateway: str) -> list[wire.UsageBatc
     ]
     chunks = [range(s, min(s + size, n)) for s in range(0, n, size)]
     out = []
+    rows = [wire.UsageRow(*msgspec.structs.astuple(f)) for f in finals]
     for k in range(len(chunks) + (shape != "final")):
         if shape == "final":
-            out.append(wire.UsageBatch(gateway_id=gateway, finals=[finals[i] for i in chunks[k]]))
+            batch = wire.UsageBatch(gateway_id=gateway, rows=[rows[i] for i in chunks[k]])
         else:  # batch k: the opens of chunk k and the finals of chunk k-1
-            out.append(
-                wire.UsageBatch(
-                    gateway_id=gateway,
-                    opens=[opens[i] for i in chunks[k]] if k < len(chunks) else [],
-                    finals=[finals[i] for i in chunks[k - 1]] if k else [],
-                )
+            batch = wire.UsageBatch(
+                gateway_id=gateway,
+                opens=[opens[i] for i in chunks[k]] if k < len(chunks) else [],
+                rows=[rows[i] for i in chunks[k - 1]] if k else [],
             )
+        out.append(msgspec.json.encode(batch))
     return out
 
 
@@ -156,9 +161,11 @@ async def _measure(
     c0 = time.process_time() + sum(_proc_cpu(p) for p in pids)
     t0 = time.perf_counter()
 
-    async def ship(batches: list[wire.UsageBatch]) -> None:
-        for b in batches:
-            await ingest(db, b, time.time())
+    async def ship(posts: list[bytes]) -> None:
+        for data in posts:
+            # As the control plane's usage route reads a post.
+            post = from_json(data) or from_batch(_decode(data))
+            await ingest(db, post, time.time())
 
     await asyncio.gather(*(ship(s) for s in streams))
     wall = time.perf_counter() - t0

@@ -7,19 +7,28 @@ from pathlib import Path
 import msgspec
 from bench.usage import Run, UsageResult, _batches, _checks, markdown
 
+from llmgw.store.usage_post import from_json
+from llmgw.wire import UsageBatch
+
+
+def _decoded(posts: list[bytes]) -> list[UsageBatch]:
+    return [msgspec.json.decode(p, type=UsageBatch) for p in posts]
+
 
 def test_shapes_send_each_request_once() -> None:
-    finals = _batches(2500, 1000, "final", "gw")
-    assert [(len(b.opens), len(b.finals)) for b in finals] == [(0, 1000), (0, 1000), (0, 500)]
-    both = _batches(2500, 1000, "open+final", "gw")
+    finals = _decoded(_batches(2500, 1000, "final", "gw"))
+    assert [(len(b.opens), len(b.rows)) for b in finals] == [(0, 1000), (0, 1000), (0, 500)]
+    both = _decoded(_batches(2500, 1000, "open+final", "gw"))
     # each batch carries the next chunk's opens with the previous chunk's finals
-    assert [(len(b.opens), len(b.finals)) for b in both] == [
+    assert [(len(b.opens), len(b.rows)) for b in both] == [
         (1000, 0),
         (1000, 1000),
         (500, 1000),
         (0, 500),
     ]
-    assert [o.request_id for o in both[1].opens] == [f.request_id for f in both[2].finals]
+    assert [o.request_id for o in both[1].opens] == [f.request_id for f in both[2].rows]
+    # Posted as gateways post them: the control plane reads them natively.
+    assert all(from_json(p) is not None for p in _batches(2500, 1000, "open+final", "gw"))
 
 
 def test_checks_use_the_worst_shape_with_two_in_flight() -> None:
