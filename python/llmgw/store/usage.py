@@ -51,7 +51,7 @@ from typing import Any
 from llmgw import wire
 
 from .db import Database, Row
-from .usage_post import Group, Post, from_batch
+from .usage_post import Group, Post, from_batch, group_key
 from .usage_report import (
     DIMENSIONS,
     ExportRow,
@@ -141,16 +141,7 @@ def _add_groups(delta: Delta, groups: list[Group]) -> None:
 
 def _add_record(delta: Delta, rec: wire.UsageRecord, sign: int) -> None:
     """Adds (sign=1) or takes back (sign=-1) what one final record contributes."""
-    key = (
-        hour_of(rec.started_at),
-        rec.org_id or "",
-        rec.team_id or "",
-        rec.project_id or "",
-        rec.user_id or "",
-        rec.key_id or "",
-        rec.model,
-    )
-    _add(delta, key, sign, rec.status != "ok", rec.prompt_tokens, rec.completion_tokens)
+    _add(delta, group_key(rec), sign, rec.status != "ok", rec.prompt_tokens, rec.completion_tokens)
 
 
 def _add_row(delta: Delta, row: Row, sign: int) -> None:
@@ -289,16 +280,7 @@ async def _settle(db: Database, where: str, arg: Any, now: float) -> int:
         fresh = [opens[i] for i in sorted(opens) if i not in done]
         delta: Delta = {}
         for _, o in fresh:
-            key = (
-                hour_of(o.started_at),
-                o.org_id or "",
-                o.team_id or "",
-                o.project_id or "",
-                o.user_id or "",
-                o.key_id or "",
-                o.model,
-            )
-            _add(delta, key, 1, True, o.prompt_estimate, 0)
+            _add(delta, group_key(o), 1, True, o.prompt_estimate, 0)
         if fresh:
             await bulk_insert(
                 tx,

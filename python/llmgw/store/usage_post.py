@@ -35,6 +35,13 @@ Group = tuple[int, str, str, str, str, str, str, int, int, int, int]
 completion tokens): finished requests summed by rollup group, '' for a missing id."""
 
 
+def group_key(r: wire.UsageRecord | wire.UsageOpen) -> tuple[int, str, str, str, str, str, str]:
+    """A record's rollup key: the hour it started (`hour_of`), its org, team, project, user
+    and key ('' for a missing id), its model. `_core.scan_usage` makes the same."""
+    return (hour_of(r.started_at), r.org_id or "", r.team_id or "", r.project_id or "",
+            r.user_id or "", r.key_id or "", r.model)
+
+
 @dataclass(frozen=True, slots=True)
 class Post:
     """One usage post: its finished requests counted by group and kept as text to store,
@@ -81,8 +88,7 @@ def from_batch(batch: wire.UsageBatch) -> Post:
     recs = list(firsts.values())
     sums: dict[tuple[Any, ...], list[int]] = {}
     for r in recs:
-        acc = sums.setdefault((hour_of(r.started_at), r.org_id or "", r.team_id or "", r.project_id or "",
-                               r.user_id or "", r.key_id or "", r.model), [0, 0, 0, 0])
+        acc = sums.setdefault(group_key(r), [0, 0, 0, 0])
         acc[0] += 1
         acc[1] += r.status != "ok"
         acc[2] += r.prompt_tokens
