@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from llmgw.store import connect
-from llmgw.store.usage_rows import stored_finals
 from tests.admin.server import Server
 from tests.e2e.conftest import GATEWAY_READY
 from tests.fleet.conftest import wait_for
@@ -22,6 +21,7 @@ from tests.fleet.test_fleet_gateway import Load, Post, _chat, issue_key
 from tests.gateway.conftest import start_sim
 from tests.procs import free_port, start_process
 from tests.sim.util import sim_env
+from tests.store.usage_util import stored_finals
 
 __all__ = ["pair"]  # the fixture, used by name
 

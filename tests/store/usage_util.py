@@ -9,7 +9,6 @@ import msgspec
 from llmgw import wire
 from llmgw.store import Database
 from llmgw.store.usage_post import Post, from_batch, from_json
-from llmgw.store.usage_rows import stored_finals
 
 T0 = 1_793_491_200.0
 """2026-11-01T00:00:00Z: the start of a month, so that hour, day and month buckets line up."""
@@ -100,6 +99,22 @@ async def totals(db: Database) -> tuple[int, int, int, int]:
     )
     assert r is not None
     return (int(r[0] or 0), int(r[1] or 0), int(r[2] or 0), int(r[3] or 0))
+
+
+_rows_decoder = msgspec.json.Decoder(list[wire.UsageRow])
+
+
+async def stored_finals(db: Database) -> list[tuple[str, wire.UsageRow]]:
+    """(gateway id, record) of every final stored by batch: a full read, for the oracles here.
+    A request's record is the first row of its id in the batch its id row names."""
+    owner = {r["id"]: r["batch"] for r in await db.fetch("SELECT id, batch FROM request_ids")}
+    out = []
+    for b in await db.fetch("SELECT id, gateway_id, rows FROM request_batches ORDER BY id"):
+        for rec in _rows_decoder.decode(b["rows"]):
+            if owner.get(rec.request_id) == b["id"]:
+                del owner[rec.request_id]  # a repeat later in the post is not the record
+                out.append((b["gateway_id"], rec))
+    return out
 
 
 async def rows_total(db: Database) -> tuple[int, int, int, int]:

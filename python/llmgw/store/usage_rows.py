@@ -112,19 +112,6 @@ async def stored_final(db: Database, request_id: str) -> tuple[str, wire.UsageRo
     return None
 
 
-async def stored_finals(db: Database) -> list[tuple[str, wire.UsageRow]]:
-    """(gateway id, record) of every final stored by batch: a full read, for checks and tests.
-    A request's record is the first row of its id in the batch its id row names."""
-    owner = {r["id"]: r["batch"] for r in await db.fetch("SELECT id, batch FROM request_ids")}
-    out = []
-    for b in await db.fetch("SELECT id, gateway_id, rows FROM request_batches ORDER BY id"):
-        for rec in _rows_decoder.decode(b["rows"]):
-            if owner.get(rec.request_id) == b["id"]:
-                del owner[rec.request_id]  # a repeat later in the post is not the record
-                out.append((b["gateway_id"], rec))
-    return out
-
-
 async def write_bodies(tx: Database, bodies: list[tuple[str, str | None, str | None]]) -> None:
     """Keeps kept bodies: (request id, request body, response body) each."""
     if bodies:
