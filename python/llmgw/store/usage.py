@@ -317,9 +317,11 @@ async def compact_opens(db: Database, older_than: float) -> int:
     finished, and the rows left empty; returns how many opens remain in those rows.
 
     Without it a live gateway's rows would pile up forever. It changes no count: a
-    finished request is counted by its row in `requests` whatever happens to its open.
-    Ingests never touch stored rows, so this runs beside them (shared lock); settles,
-    which delete rows, wait (and are waited for).
+    finished request is counted by its record (its id row, or its `requests` row) whatever
+    happens to its open. Ingests only ever finish requests (an interrupted row gives way
+    to its final in one transaction, and `finished` reads both tables in one statement),
+    so this runs beside them (shared lock); settles, which delete rows, wait (and are
+    waited for).
     """
     async with db.transaction() as tx:
         if tx.dialect == "postgres":

@@ -27,7 +27,7 @@ _opens = msgspec.json.Decoder(list[wire.UsageOpen])
 _last_used = msgspec.json.Decoder(dict[str, wire.Instant])
 _row = msgspec.json.Decoder(wire.UsageRow)
 
-ROW_FIELDS = wire.UsageRecord.__struct_fields__.index("request_body")
+_ROW_FIELDS = wire.UsageRecord.__struct_fields__.index("request_body")
 """The fields of a stored row: every one before the bodies."""
 
 Group = tuple[int, str, str, str, str, str, str, int, int, int, int]
@@ -98,7 +98,7 @@ def from_batch(batch: wire.UsageBatch) -> Post:
         batch.gateway_id,
         list(firsts),
         [(*k, *v) for k, v in sums.items()],
-        _json.encode([astuple(r)[:ROW_FIELDS] for r in recs]).decode(),
+        _json.encode([astuple(r)[:_ROW_FIELDS] for r in recs]).decode(),
         max((r.started_at for r in recs), default=0.0),
         recs.__getitem__,
         batch.opens,

@@ -178,7 +178,7 @@ ROW_COLS = (
     "id, state, started_at, org_id, team_id, project_id, user_id, key_id, model, "
     "status, prompt_tokens, completion_tokens"
 )
-"""What `finished` reads: enough to take back what a row contributed."""
+"""What `request_rows` reads: enough to take back what a row contributed."""
 
 
 async def request_rows(tx: Database, ids: list[str]) -> dict[str, Row]:
@@ -191,15 +191,15 @@ async def request_rows(tx: Database, ids: list[str]) -> dict[str, Row]:
     return {r["id"]: r for r in await tx.fetch(f"SELECT {ROW_COLS} FROM requests WHERE id {cond}", arg)}
 
 
-async def finished(tx: Database, ids: list[str]) -> dict[str, Row | None]:
-    """The requests of these ids that have a finished record: their `requests` row (an
-    interrupted one, or a final stored before migration 0007), or None for a final stored
-    by batch (only interrupted rows are ever read back, to take them from the rollups)."""
-    found: dict[str, Row | None] = {**await request_rows(tx, ids)}
+async def finished(tx: Database, ids: list[str]) -> set[str]:
+    """The ids among these whose request has a finished record: a final (by batch, or a
+    `requests` row from before migration 0007) or an interrupted row. What settling and
+    compaction ask: whether an open still stands, not what the record holds."""
     cond, arg = id_list(tx, ids)
-    for r in await tx.fetch(f"SELECT id FROM request_ids WHERE id {cond}", arg):
-        found[r["id"]] = None
-    return found
+    rows = await tx.fetch(
+        f"SELECT id FROM request_ids WHERE id {cond} UNION SELECT id FROM requests WHERE id {cond}", arg
+    )
+    return {r["id"] for r in rows}
 
 
 _ROLLUP_COLS = (
