@@ -150,6 +150,28 @@ def test_retention_deletes_rows_not_rollups(store_url: str) -> None:
     with_db(store_url, body)
 
 
+def test_retention_deletes_each_post_with_the_ids_it_stored(store_url: str) -> None:
+    # A final posted again lands in a later post's text, but its id row names the post that
+    # stored it first: retention of that post deletes it, and retention of a post holding only
+    # a copy (here the fourth, past before the second) leaves the row alone.
+    async def body(db: Database) -> None:
+        await ingest(db, as_posted(batch(finals=[final("a", at=T0), final("b", at=T0)])), T0)
+        await ingest(db, as_posted(batch(finals=[final("a", at=T0), final("c", at=T0 + 86_400)])), T0 + 1)
+        await ingest(db, as_posted(batch(finals=[final("d", at=T0 + 10, body=True)])), T0 + 2)
+        await ingest(db, as_posted(batch(finals=[final("c", at=T0)])), T0 + 3)
+        assert await prune(db, T0 + 3600) == 3  # a, b and d; the second post is not all past
+        assert await request_view(db, "a") is None and await request_view(db, "d") is None
+        assert await request_view(db, "c") is not None
+        assert await db.fetchval("SELECT COUNT(*) FROM request_bodies") == 0
+        assert await db.fetchval("SELECT COUNT(*) FROM request_batches") == 1
+        assert await prune(db, T0 + 2 * 86_400) == 1  # c only: a's row went with the first post
+        assert await db.fetchval("SELECT COUNT(*) FROM request_ids") == 0
+        assert await db.fetchval("SELECT COUNT(*) FROM request_batches") == 0
+        assert await totals(db) == (4, 0, 48, 20)
+
+    with_db(store_url, body)
+
+
 def test_usage_by_scope(store_url: str) -> None:
     async def body(db: Database) -> None:
         await ingest(

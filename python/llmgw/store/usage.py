@@ -37,7 +37,7 @@ happened gets the id back and counts it. SQLite has a single writer.
 Where records are: a final in `request_batches` (one row per posted batch, its records as
 the gateway encoded them) and `request_ids` (the batch of each request id); an
 interrupted request in `requests`, until its final replaces it (as are finals stored
-before migration 0007).
+before migration 0007). Retention finds a post's id rows from the ids in its text.
 
 One corner is accepted: a final arriving after retention deleted its row counts
 again; retention is days, a gateway holds records for seconds.
@@ -67,6 +67,7 @@ from .usage_rows import (
     Delta,
     add_to_rollups,
     bulk_insert,
+    drop_batches,
     encode_opens,
     finished,
     id_list,
@@ -96,6 +97,8 @@ __all__ = [
     "usage_by_scope",
 ]
 
+PRUNE_POSTS = 64
+"""Posts deleted per retention transaction."""
 # Shared by every control plane on one PostgreSQL: ingests take it shared, settles exclusive.
 _SETTLE_LOCK = 7_366_621_120_234
 
@@ -383,18 +386,17 @@ async def prune(db: Database, older_than: float) -> int:
             older_than,
         )
         n = await tx.execute("DELETE FROM requests WHERE started_at < $1", older_than)
-        # Finals stored by batch go a batch at a time, once every request in it is past.
-        old = "SELECT id FROM request_batches WHERE started_max < $1"
-        await tx.execute(
-            "DELETE FROM request_bodies WHERE request_id IN "
-            f"(SELECT id FROM request_ids WHERE batch IN ({old}))",
-            older_than,
-        )
-        n += await tx.execute(f"DELETE FROM request_ids WHERE batch IN ({old})", older_than)
-        await tx.execute("DELETE FROM request_batches WHERE started_max < $1", older_than)
         await tx.execute(
             "DELETE FROM gateways WHERE last_seen < $1 AND NOT EXISTS (SELECT 1 FROM "
             "open_batches o WHERE o.gateway_id = gateways.gateway_id)",
             older_than,
         )
-    return n
+    # Finals stored by post go a post at a time, once every request in it is past; in
+    # transactions of a few posts, so that a first prune after a long retention neither holds
+    # the store nor reads every expired post at once.
+    while True:
+        async with db.transaction() as tx:
+            posts, gone = await drop_batches(tx, older_than, PRUNE_POSTS)
+        n += gone
+        if posts < PRUNE_POSTS:
+            return n

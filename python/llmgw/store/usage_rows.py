@@ -94,7 +94,38 @@ async def write_finals(tx: Database, post: Post, ids: list[str], now: float) -> 
     n = await tx.insert_values("INSERT INTO request_ids (id, batch)", pairs, "ON CONFLICT (id) DO NOTHING")
     if n == len(ids):
         return None
-    return {r["id"] for r in await tx.fetch("SELECT id FROM request_ids WHERE batch = $1", batch)}
+    cond, arg = id_list(tx, ids)
+    return {r["id"] for r in await tx.fetch(f"SELECT id FROM request_ids WHERE id {cond} AND batch = $2",
+                                            arg, batch)}
+
+
+class _RowId(msgspec.Struct, array_like=True):
+    """The first field of a stored row (its request id); msgspec skips the rest unread."""
+
+    request_id: str
+
+
+_row_ids = msgspec.json.Decoder(list[_RowId])
+
+
+async def drop_batches(tx: Database, older_than: float, limit: int) -> tuple[int, int]:
+    """Deletes up to `limit` posts whose requests all started before `older_than`, with the
+    id rows and bodies of the requests each one stored: (posts, requests) deleted.
+
+    A post's ids are read from its own text (there is no index by batch: each stored id
+    would pay for it); an id whose row names another post (a final posted twice) stays.
+    """
+    posts = await tx.fetch("SELECT id, rows FROM request_batches WHERE started_max < $1 ORDER BY id LIMIT $2",
+                           older_than, limit)
+    n = 0
+    for p in posts:
+        cond, arg = id_list(tx, [r.request_id for r in _row_ids.decode(p["rows"])])
+        own = f"id {cond} AND batch = $2"
+        await tx.execute(f"DELETE FROM request_bodies WHERE request_id IN (SELECT id FROM request_ids WHERE {own})",
+                         arg, p["id"])
+        n += await tx.execute(f"DELETE FROM request_ids WHERE {own}", arg, p["id"])
+        await tx.execute("DELETE FROM request_batches WHERE id = $1", p["id"])
+    return len(posts), n
 
 
 async def stored_final(db: Database, request_id: str) -> tuple[str, wire.UsageRow] | None:
