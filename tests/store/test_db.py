@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,49 @@ def test_placeholders_transactions_and_conflicts(store_url: str) -> None:
         rows = await db.fetch("SELECT id, n FROM t ORDER BY id")
         assert [(r["id"], r[1]) for r in rows] == [("a", 2), ("b", 5), ("c", 6), ("d", 7)]
         assert await db.fetchrow("SELECT id FROM t WHERE id = $1", "zz") is None
+
+    with_db(store_url, body)
+
+
+def test_run_transaction_commits_rolls_back_and_refuses_what_cannot_run_inline(store_url: str) -> None:
+    async def body(db: Database) -> None:
+        await db.script("CREATE TABLE t (id TEXT PRIMARY KEY, n BIGINT NOT NULL);")
+
+        async def add(tx: Database) -> int:
+            await tx.execute("INSERT INTO t (id, n) VALUES ($1, $2)", "a", 1)
+            return int(await tx.fetchval("SELECT COUNT(*) FROM t"))
+
+        assert await db.run_transaction(add) == 1
+
+        async def duplicate(tx: Database) -> str:
+            with pytest.raises(Conflict):  # the store's own error, inside the body as outside
+                await tx.execute("INSERT INTO t (id, n) VALUES ($1, $2)", "a", 2)
+            return "refused"
+
+        assert await db.run_transaction(duplicate) == "refused"
+
+        async def fail(tx: Database) -> None:
+            await tx.execute("UPDATE t SET n = 100")
+            raise RuntimeError("roll back")
+
+        with pytest.raises(RuntimeError):
+            await db.run_transaction(fail)
+        assert await db.fetchval("SELECT n FROM t WHERE id = $1", "a") == 1
+
+        async def waits(tx: Database) -> None:
+            await tx.execute("UPDATE t SET n = 100")
+            await asyncio.sleep(0)  # not a statement: SQLite's thread cannot wait for it
+
+        if db.dialect == "sqlite":
+            with pytest.raises(StoreError, match="use transaction"):
+                await db.run_transaction(waits)
+        else:
+            await db.run_transaction(waits)
+            await db.execute("UPDATE t SET n = 1")
+        assert await db.fetchval("SELECT n FROM t WHERE id = $1", "a") == 1
+        async with db.transaction() as tx:
+            with pytest.raises(StoreError, match="already open"):
+                await tx.run_transaction(fail)
 
     with_db(store_url, body)
 

@@ -199,9 +199,15 @@ def test_a_deposed_leaders_writes_are_refused_by_the_epoch_and_step_it_down(pg_u
             assert not one.is_leader
             with pytest.raises(lease.Deposed):  # a transaction is fenced too
                 await fleet_rows.delete_node(old, "n1")
+
+            async def scale_up(tx: Database) -> None:
+                await tx.execute("UPDATE model_scale SET replicas = 9 WHERE model = 'm'")
+
+            with pytest.raises(lease.Deposed):  # and one run in a piece (run_transaction)
+                await old.run_transaction(scale_up)
             await one.attempt()  # waits for the step-down; cannot take the live lease
             assert not one.is_leader and events == ["elected", "elected", "deposed"]
-            assert old.refused == 2 and await fleet_rows.scales(db) == {"m": 3}
+            assert old.refused == 3 and await fleet_rows.scales(db) == {"m": 3}
             new = two.fence(db)
             await fleet_rows.set_scale(new, "m", 4)
             assert await fleet_rows.scales(db) == {"m": 4}

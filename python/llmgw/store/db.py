@@ -9,9 +9,11 @@ seconds), INTEGER 0/1 flags, JSON as TEXT.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class StoreError(Exception):
@@ -83,6 +85,14 @@ class Database(Protocol):
         """A transaction: the `Database` it yields runs every statement inside it; leaving the
         block commits, an exception rolls back. Other callers wait until it ends (SQLite) or
         use other connections (PostgreSQL)."""
+        ...
+
+    async def run_transaction(self, fn: Callable[[Database], Coroutine[Any, Any, T]]) -> T:
+        """`await fn(tx)` inside `transaction()`; returns what it returns. On SQLite all of `fn`
+        runs on the store's thread in one hand-off, where a `transaction()` block hands off once
+        per statement (a wake-up of both threads each: about 0.2 ms of CPU on a small VM), so
+        `fn` must await nothing but `tx`'s statements (anything else raises StoreError). For
+        hot paths of many statements: usage ingestion."""
         ...
 
     async def close(self) -> None:

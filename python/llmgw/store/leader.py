@@ -27,13 +27,15 @@ PostgreSQL only: on SQLite one control plane owns the store and needs no lease
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from .db import Database, Row, StoreError
+
+T = TypeVar("T")
 
 LEASE = "control-plane"
 """The one lease's name (a column, so another lease could share the table later)."""
@@ -165,6 +167,15 @@ class Fenced:
     def transaction(self) -> AbstractAsyncContextManager[Database]:
         """A transaction that starts with the fence check (see the class)."""
         return self._fenced()
+
+    async def run_transaction(self, fn: Callable[[Database], Coroutine[Any, Any, T]]) -> T:
+        """`Database.run_transaction`, starting with the fence check."""
+
+        async def fenced(tx: Database) -> T:
+            await self._check(tx)
+            return await fn(tx)
+
+        return await self.db.run_transaction(fenced)
 
     async def execute(self, sql: str, *args: Any) -> int:
         """`Database.execute`, fenced."""

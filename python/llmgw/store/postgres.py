@@ -7,13 +7,15 @@ and every write that could race is an upsert or a conditional update.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import asyncpg
 
 from .db import Conflict, Database, Row, StoreError, safe_url
+
+T = TypeVar("T")
 
 _INTEGRITY = (asyncpg.UniqueViolationError, asyncpg.ForeignKeyViolationError,
               asyncpg.NotNullViolationError, asyncpg.CheckViolationError)
@@ -106,6 +108,11 @@ class PostgresDatabase:
                 # BEGIN or COMMIT on a connection the server dropped; the statements inside
                 # already answer StoreError through _Conn.
                 raise StoreError(f"PostgreSQL store: {e}") from e
+
+    async def run_transaction(self, fn: Callable[[Database], Coroutine[Any, Any, T]]) -> T:
+        """`await fn(tx)` in one transaction (its statements are round trips either way)."""
+        async with self.transaction() as tx:
+            return await fn(tx)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[Any]:
@@ -201,6 +208,10 @@ class _Conn:
             raise StoreError(f"PostgreSQL store: {e}") from e
 
     def transaction(self) -> Any:
+        """Nested transactions are not supported."""
+        raise StoreError("a transaction is already open on this connection; nest the work in it")
+
+    async def run_transaction(self, fn: Callable[[Database], Coroutine[Any, Any, T]]) -> T:
         """Nested transactions are not supported."""
         raise StoreError("a transaction is already open on this connection; nest the work in it")
 

@@ -4,6 +4,8 @@ sqlite3 blocks, so every statement runs on a single dedicated thread; the event
 loop never waits on the disk. One connection means statements are serialized
 anyway, so a transaction holds an asyncio lock for its whole length: without it
 another coroutine's statement would land inside someone else's transaction.
+Each hand-off to that thread wakes both threads, which costs more CPU than most
+statements; `run_transaction` runs a whole transaction on the thread in one.
 WAL mode lets readers in other processes (backups, `sqlite3` by hand) see a
 consistent file while the control plane writes.
 """
@@ -15,11 +17,11 @@ import functools
 import itertools
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from .db import Conflict, Database, Row, StoreError
 
@@ -119,10 +121,8 @@ class SqliteDatabase:
     async def _run(self, fn: Callable[[], T]) -> T:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
-        except sqlite3.IntegrityError as e:
-            raise Conflict(str(e)) from e
         except sqlite3.Error as e:
-            raise StoreError(f"SQLite store: {e}") from e
+            raise _store_error(e) from e
 
     async def _locked(self, fn: Callable[[], T]) -> T:
         async with self._lock:
@@ -134,12 +134,12 @@ class SqliteDatabase:
         """Runs one statement; returns the number of rows it changed."""
         return await self._locked(lambda: self._conn.execute(_sql(sql), args).rowcount)
 
-    async def _atomically(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _atomically(self, fn: Callable[[sqlite3.Connection], T], begin: str = "BEGIN") -> T:
         """Runs `fn(conn)` on the store's thread inside BEGIN .. COMMIT (ROLLBACK if it raises)."""
         conn = self._conn
 
         def run() -> T:
-            conn.execute("BEGIN")
+            conn.execute(begin)
             try:
                 out = fn(conn)
             except BaseException:
@@ -203,6 +203,10 @@ class SqliteDatabase:
                 raise
             await self._run(lambda: self._conn.execute("COMMIT"))
 
+    async def run_transaction(self, fn: Callable[[Database], Coroutine[Any, Any, T]]) -> T:
+        """`await fn(tx)` in one BEGIN IMMEDIATE .. COMMIT, all of it on the store's thread."""
+        return await self._atomically(lambda _: _drive(fn(_Tx(self, _here))), "BEGIN IMMEDIATE")
+
     async def close(self) -> None:
         """Closes the connection and stops its thread."""
         async with self._lock:
@@ -210,39 +214,73 @@ class SqliteDatabase:
         self._pool.shutdown(wait=True)
 
 
+class _Runner(Protocol):
+    """How a transaction's statement reaches the connection: `SqliteDatabase._run` or `_here`."""
+
+    def __call__(self, fn: Callable[[], T], /) -> Awaitable[T]: ...
+
+
+def _store_error(e: sqlite3.Error) -> StoreError:
+    if isinstance(e, sqlite3.IntegrityError):
+        return Conflict(str(e))
+    return StoreError(f"SQLite store: {e}")
+
+
+async def _here(fn: Callable[[], T]) -> T:
+    """Runs a statement where the caller is: on the store's thread, in `run_transaction`."""
+    try:
+        return fn()
+    except sqlite3.Error as e:
+        raise _store_error(e) from e
+
+
+def _drive(coro: Coroutine[Any, Any, T]) -> T:
+    """The result of a coroutine that never suspends (it awaits only `_here` statements)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        out: T = done.value
+        return out
+    coro.close()
+    raise StoreError("a run_transaction body awaited something other than its statements, which "
+                     "the SQLite store's thread cannot wait for; use transaction() for it")
+
+
 class _Tx:
-    """The `Database` seen inside a SQLite transaction: statements run without taking the lock."""
+    """The `Database` seen inside a SQLite transaction: statements run without taking the lock,
+    each handed to the store's thread (`transaction()`) or run on it (`run_transaction`)."""
 
     dialect: Literal["sqlite", "postgres"] = "sqlite"
 
-    def __init__(self, db: SqliteDatabase) -> None:
+    def __init__(self, db: SqliteDatabase, run: _Runner | None = None) -> None:
         self._db = db
+        self._run: _Runner = db._run if run is None else run
         self.url = db.url
 
     async def execute(self, sql: str, *args: Any) -> int:
         """Runs one statement; returns the number of rows it changed."""
         conn = self._db._conn
-        return await self._db._run(lambda: conn.execute(_sql(sql), args).rowcount)
+        return await self._run(lambda: conn.execute(_sql(sql), args).rowcount)
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Runs a statement per row."""
         conn, batch = self._db._conn, list(rows)
-        await self._db._run(lambda: conn.executemany(_sql(sql), batch))
+        await self._run(lambda: conn.executemany(_sql(sql), batch))
 
     async def insert_values(self, head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> int:
         """All of `rows` in multi-row statements; returns the rows written."""
         conn, batch = self._db._conn, list(rows)
-        return await self._db._run(lambda: _insert_values(conn, head, batch, tail))
+        return await self._run(lambda: _insert_values(conn, head, batch, tail))
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         """All rows of a query."""
         conn = self._db._conn
-        return await self._db._run(lambda: conn.execute(_sql(sql), args).fetchall())
+        return await self._run(lambda: conn.execute(_sql(sql), args).fetchall())
 
     async def fetchrow(self, sql: str, *args: Any) -> Row | None:
         """The first row, or None."""
         conn = self._db._conn
-        row: Row | None = await self._db._run(lambda: conn.execute(_sql(sql), args).fetchone())
+        row: Row | None = await self._run(lambda: conn.execute(_sql(sql), args).fetchone())
         return row
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
@@ -258,7 +296,7 @@ class _Tx:
             for stmt in _statements(sql):
                 conn.execute(stmt)
 
-        await self._db._run(run)
+        await self._run(run)
 
     async def copy_records(
         self, table: str, columns: Sequence[str], records: Iterable[Sequence[Any]]
@@ -267,6 +305,10 @@ class _Tx:
         raise StoreError(f"copy_records into {table} is PostgreSQL only; use executemany on SQLite")
 
     def transaction(self) -> Any:
+        """Nested transactions are not supported: one block owns the connection."""
+        raise StoreError("a transaction is already open on this connection; nest the work in it")
+
+    async def run_transaction(self, fn: Callable[[Database], Coroutine[Any, Any, T]]) -> T:
         """Nested transactions are not supported: one block owns the connection."""
         raise StoreError("a transaction is already open on this connection; nest the work in it")
 

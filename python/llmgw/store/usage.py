@@ -186,18 +186,18 @@ async def ingest(db: Database, post: Post | wire.UsageBatch, now: float) -> Inge
     `now`. `key_last_used` is not handled here: keys belong to the tenancy store
     (`store.snapshot.touch_keys`), which the same handler calls.
     """
-    if isinstance(post, wire.UsageBatch):
-        post = from_batch(post)
-    ids = post.ids
+    posted = from_batch(post) if isinstance(post, wire.UsageBatch) else post
+    ids = posted.ids
     opens: dict[str, wire.UsageOpen] = {}
-    if post.opens:
+    if posted.opens:
         ended = set(ids)
-        for o in post.opens:
+        for o in posted.opens:
             if o.request_id not in ended:  # finished within the post: the final says it all
                 opens.setdefault(o.request_id, o)
-    delta: Delta = {}
-    counted = corrected = 0
-    async with db.transaction() as tx:
+
+    async def store(tx: Database) -> IngestResult:
+        delta: Delta = {}
+        counted = corrected = 0
         if tx.dialect == "postgres":
             await tx.execute("SELECT pg_advisory_xact_lock_shared($1)", _SETTLE_LOCK)
         await tx.execute(
@@ -205,7 +205,7 @@ async def ingest(db: Database, post: Post | wire.UsageBatch, now: float) -> Inge
             "ON CONFLICT (gateway_id) DO UPDATE SET last_seen = "
             "CASE WHEN gateways.last_seen > excluded.last_seen THEN gateways.last_seen "
             "ELSE excluded.last_seen END",
-            post.gateway_id,
+            posted.gateway_id,
             now,
         )
         if ids:
@@ -214,15 +214,15 @@ async def ingest(db: Database, post: Post | wire.UsageBatch, now: float) -> Inge
             order = sorted(ids) if tx.dialect == "postgres" else ids
             prior = await request_rows(tx, order)  # interrupted, or final before 0007
             todo = [i for i in order if _unfinished(prior, i)] if prior else order
-            written = await write_finals(tx, post, todo, now) if todo else set()
+            written = await write_finals(tx, posted, todo, now) if todo else set()
             if written is not None:  # some were final already: only the rest count
                 todo = [i for i in todo if i in written]
             counted = len(todo)
-            _add_groups(delta, post.groups)
+            _add_groups(delta, posted.groups)
             if counted < len(ids):  # the sums hold every id: take back those not written now
                 at = {i: n for n, i in enumerate(ids)}
                 for i in set(ids).difference(todo):
-                    _add_record(delta, post.record(at[i]), -1)
+                    _add_record(delta, posted.record(at[i]), -1)
             replaced = []
             for i in todo if prior else ():
                 old = prior.get(i)
@@ -233,14 +233,17 @@ async def ingest(db: Database, post: Post | wire.UsageBatch, now: float) -> Inge
             if replaced:  # the final is stored by post now; its interrupted row goes
                 cond, arg = id_list(tx, replaced)
                 await tx.execute(f"DELETE FROM requests WHERE id {cond}", arg)
-            if post.bodies:
-                await write_bodies(tx, [(i, *post.bodies[i]) for i in todo if i in post.bodies])
+            if posted.bodies:
+                await write_bodies(tx, [(i, *posted.bodies[i]) for i in todo if i in posted.bodies])
         if opens:
-            await write_opens(tx, post.gateway_id, [opens[i] for i in sorted(opens)], now)
+            await write_opens(tx, posted.gateway_id, [opens[i] for i in sorted(opens)], now)
         await add_to_rollups(tx, delta)
-    return IngestResult(
-        counted=counted, corrected=corrected, duplicates=len(ids) - counted, opens=len(opens)
-    )
+        return IngestResult(
+            counted=counted, corrected=corrected, duplicates=len(ids) - counted, opens=len(opens)
+        )
+
+    # One hand-off to SQLite's thread for the whole post, not one per statement.
+    return await db.run_transaction(store)
 
 
 # An interrupted row: the open's fields, the prompt estimate as its prompt tokens, nothing else.
