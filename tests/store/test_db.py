@@ -9,6 +9,7 @@ import pytest
 
 from llmgw.store import Database, StoreError, connect, migrate
 from llmgw.store.db import Conflict, safe_url
+from llmgw.store.sqlite import PAGE_SIZE
 
 from .util import with_db
 
@@ -78,6 +79,33 @@ def test_run_transaction_commits_rolls_back_and_refuses_what_cannot_run_inline(s
                 await tx.run_transaction(fail)
 
     with_db(store_url, body)
+
+
+def test_a_new_sqlite_store_has_large_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    import sqlite3
+
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as conn:  # as a store made before 16 KiB pages
+        conn.execute("CREATE TABLE kept (x TEXT)")
+        conn.execute("INSERT INTO kept VALUES ('x')")
+    conn.close()
+
+    async def check() -> None:
+        for path, size in ((tmp_path / "new.db", PAGE_SIZE), (old, 4096)):
+            db = await connect(f"sqlite:///{path}")
+            try:
+                await migrate(db)
+                assert await db.fetchval("PRAGMA page_size") == size
+                assert await db.fetchval("PRAGMA journal_mode") == "wal"
+            finally:
+                await db.close()
+        db = await connect(f"sqlite:///{old}")
+        try:
+            assert await db.fetchval("SELECT x FROM kept") == "x"
+        finally:
+            await db.close()
+
+    asyncio.run(check())
 
 
 def test_migrations_apply_once(store_url: str) -> None:
