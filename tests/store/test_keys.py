@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from llmgw import wire
 from llmgw.secrets import derive, key_hash
 from llmgw.store import Database, audit
 from llmgw.store import keys as k
@@ -15,6 +16,7 @@ from llmgw.store import tenancy as t
 from llmgw.store.errors import Forbidden, Invalid, NotFound
 from llmgw.store.removals import delete_user, remove_member
 from llmgw.store.snapshot import build_snapshot, snapshot_version, touch_keys
+from llmgw.store.usage import ingest
 from llmgw.store.users import add_member, create_user
 from llmgw.wire import Limits
 
@@ -209,6 +211,17 @@ def test_touch_keys_records_last_use_and_never_goes_back(store_url: str) -> None
         await touch_keys(db, {})
         assert (await k.get_key(db, key.id)).last_used_at == 500.0
         assert await snapshot_version(db) == v
+
+    with_db(store_url, body)
+
+
+def test_a_usage_post_records_its_keys_last_use(store_url: str) -> None:
+    async def body(db: Database) -> None:
+        await tree(db)
+        key = await k.issue_key(db, A, project="acme/ml/chat", name="a", hash_key=HASH_KEY)
+        await ingest(db, wire.UsageBatch(gateway_id="gw", key_last_used={key.id: 700.0}), 701.0)
+        await ingest(db, wire.UsageBatch(gateway_id="gw", key_last_used={key.id: 600.0}), 702.0)
+        assert (await k.get_key(db, key.id)).last_used_at == 700.0
 
     with_db(store_url, body)
 

@@ -16,7 +16,6 @@ import time
 from typing import TYPE_CHECKING
 
 from llmgw.store import StoreError
-from llmgw.store.snapshot import touch_keys
 from llmgw.store.usage import Post, compact_opens, ingest, prune, settle_stale
 from llmgw.store.usage_report import tokens_used
 
@@ -36,8 +35,6 @@ async def attach(cp: ControlPlane) -> None:
 
     async def ingest_usage(post: Post) -> None:
         await ingest(cp.db, post, time.time())
-        if post.key_last_used:
-            await touch_keys(cp.db, post.key_last_used)
 
     async def used_tokens(scope: str, period_start: float) -> int:
         return await tokens_used(cp.db, scope, period_start)

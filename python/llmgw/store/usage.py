@@ -51,6 +51,7 @@ from typing import Any
 from llmgw import wire
 
 from .db import Database, Row
+from .snapshot import touch_keys
 from .usage_post import Group, Post, from_batch, group_key
 from .usage_report import (
     DIMENSIONS,
@@ -183,8 +184,8 @@ async def ingest(db: Database, post: Post | wire.UsageBatch, now: float) -> Inge
     those whose request finished); the rollups move only for the finals written (see the
     module's counting rule): by the post's native sums, less the few finals not written.
     Bodies are kept only where the record carries them. The gateway's `last_seen` becomes
-    `now`. `key_last_used` is not handled here: keys belong to the tenancy store
-    (`store.snapshot.touch_keys`), which the same handler calls.
+    `now`, and each key's last use moves to the post's `key_last_used` (never back; see
+    `store.snapshot.touch_keys`), in the same transaction.
     """
     posted = from_batch(post) if isinstance(post, wire.UsageBatch) else post
     ids = posted.ids
@@ -238,6 +239,8 @@ async def ingest(db: Database, post: Post | wire.UsageBatch, now: float) -> Inge
         if opens:
             await write_opens(tx, posted.gateway_id, [opens[i] for i in sorted(opens)], now)
         await add_to_rollups(tx, delta)
+        if posted.key_last_used:
+            await touch_keys(tx, posted.key_last_used)
         return IngestResult(
             counted=counted, corrected=corrected, duplicates=len(ids) - counted, opens=len(opens)
         )
