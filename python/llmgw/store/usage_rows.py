@@ -115,17 +115,21 @@ async def drop_batches(tx: Database, older_than: float, limit: int) -> tuple[int
     A post's ids are read from its own text (there is no index by batch: each stored id
     would pay for it); an id whose row names another post (a final posted twice) stays.
     """
-    posts = await tx.fetch("SELECT id, rows FROM request_batches WHERE started_max < $1 ORDER BY id LIMIT $2",
-                           older_than, limit)
-    n = 0
+    posts = await tx.fetch(
+        "DELETE FROM request_batches WHERE id IN (SELECT id FROM request_batches WHERE started_max < $1 "
+        "ORDER BY id LIMIT $2) RETURNING id, rows",
+        older_than,
+        limit,
+    )
+    gone: list[str] = []
     for p in posts:
         cond, arg = id_list(tx, [r.request_id for r in _row_ids.decode(p["rows"])])
-        own = f"id {cond} AND batch = $2"
-        await tx.execute(f"DELETE FROM request_bodies WHERE request_id IN (SELECT id FROM request_ids WHERE {own})",
-                         arg, p["id"])
-        n += await tx.execute(f"DELETE FROM request_ids WHERE {own}", arg, p["id"])
-        await tx.execute("DELETE FROM request_batches WHERE id = $1", p["id"])
-    return len(posts), n
+        deleted = await tx.fetch(f"DELETE FROM request_ids WHERE id {cond} AND batch = $2 RETURNING id", arg, p["id"])
+        gone += [r["id"] for r in deleted]
+    if gone:
+        cond, arg = id_list(tx, gone)
+        await tx.execute(f"DELETE FROM request_bodies WHERE request_id {cond}", arg)
+    return len(posts), len(gone)
 
 
 async def stored_final(db: Database, request_id: str) -> tuple[str, wire.UsageRow] | None:
