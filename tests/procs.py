@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -30,11 +31,49 @@ _URL = re.compile(r"https?://(\[[^\]]+\]|[^\s:/]+):(\d+)")
 T = TypeVar("T")
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read it, release it)."""
+_LOWEST = 10000
+"""Below it: the well-known ports of this machine's services (PostgreSQL, Redis)."""
+_given: set[int] = set()
+"""Every port `free_port` handed out in this process: none is handed out twice."""
+_rng = random.Random()
+"""Its own generator: a test that seeds `random` does not make the ports repeat."""
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections' local ports."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_port(span: int = 1) -> int:
+    """The first of `span` consecutive TCP ports on 127.0.0.1 that were free a moment ago.
+
+    Chosen below the kernel's ephemeral range, never from it: there any client connection
+    of any process may take the port as its local one between this check and the server's
+    bind (gRPC then cannot listen, and the server exits). No port is handed out twice in
+    one process, so two servers of one test never race for the same one.
+    """
+    top = _ephemeral_low() - span
+    for _ in range(1000):
+        low = _rng.randrange(_LOWEST, top)
+        run = range(low, low + span)
+        if any(p in _given for p in run) or not all(_bindable(p) for p in run):
+            continue
+        _given.update(run)
+        return low
+    raise RuntimeError(f"no {span} free consecutive ports between {_LOWEST} and {top + span}")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class Proc:

@@ -25,7 +25,7 @@ def start(rid: str) -> dict[str, object]:
 async def test_agent_end_to_end() -> None:
     cp = StubControlPlane()
     port = await cp.start()
-    low = free_port()
+    low = free_port(21)
     agent = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "llmgw", "agent", "--control-plane", f"127.0.0.1:{port}", "--insecure",
         "--fake-gpus", "2xH100-80GB", "--node-id", "n1", "--port-range", f"{low}-{low + 20}",

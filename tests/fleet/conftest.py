@@ -50,12 +50,15 @@ class Fleet:
 
     def agent(self, node_id: str, gpus: str = "2xH100-80GB") -> Proc:
         """`llmgw agent` with simulated GPUs, registered as `node_id`."""
-        low = free_port()
-        proc = start_process(
-            [sys.executable, "-m", "llmgw", "agent", "--control-plane",
-             f"127.0.0.1:{self.agent_port}", "--insecure", "--fake-gpus", gpus, "--node-id",
-             node_id, "--port-range", f"{low}-{low + 40}", "--engine-host", "127.0.0.1",
-             "--heartbeat-interval", "0.25"], AGENT_READY, timeout=30, env=sim_env())
+        low = free_port(41)
+        try:
+            proc = start_process(
+                [sys.executable, "-m", "llmgw", "agent", "--control-plane",
+                 f"127.0.0.1:{self.agent_port}", "--insecure", "--fake-gpus", gpus, "--node-id",
+                 node_id, "--port-range", f"{low}-{low + 40}", "--engine-host", "127.0.0.1",
+                 "--heartbeat-interval", "0.25"], AGENT_READY, timeout=30, env=sim_env())
+        except RuntimeError as e:  # most often the control plane's fault: say what it printed
+            raise RuntimeError(f"{e}\nthe control plane printed:\n{self.server.proc.output}") from None
         self.agents[node_id] = proc
         return proc
 
@@ -96,8 +99,13 @@ class Fleet:
         self.agents[node_id].kill()
 
     def stop(self) -> None:
-        """Agents first (they drain their engines), then the server."""
-        pids = [r["pid"] for r in self.replicas(every=True) if r["pid"]]
+        """Agents first (they drain their engines), then the server. A server that no longer
+        answers still has its agents and its own process stopped; engines whose pids it can
+        no longer tell go at the end of the run (tests/conftest.py)."""
+        try:
+            pids = [r["pid"] for r in self.replicas(every=True) if r["pid"]]
+        except OSError:
+            pids = []
         for a in self.agents.values():
             a.terminate()
         for pid in pids:

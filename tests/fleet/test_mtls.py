@@ -57,7 +57,7 @@ class Cluster:
 
     def agent(self, node_id: str, token: str) -> Proc:
         """`llmgw agent --join-token` with a state dir of its own, registered as `node_id`."""
-        low = free_port()
+        low = free_port(6)
         proc = start_process(
             [sys.executable, "-m", "llmgw", "agent", "--control-plane", self.target,
              "--join-port", str(self.join_port), "--join-token", token, "--state-dir", str(self.tmp / node_id), "--node-id", node_id,
