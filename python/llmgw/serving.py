@@ -1,4 +1,4 @@
-"""What every granian-served llmgw process shares: the ready line printed once the port accepts."""
+"""What every granian-served llmgw process shares: the ready line printed once the app answers."""
 
 from __future__ import annotations
 
@@ -9,14 +9,28 @@ import threading
 import time
 from typing import Any
 
+_PROBE = b"GET /health HTTP/1.1\r\nhost: llmgw-ready\r\nconnection: close\r\n\r\n"
+
+
+def _answers(host: str, port: int, timeout: float) -> bool:
+    """Whether (host, port) answers an HTTP request, with any status."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(_PROBE)
+            return s.recv(5) == b"HTTP/"
+    except OSError:
+        return False
+
 
 def announce_when_listening(host: str, port: int, line: str, timeout: float = 60) -> None:
-    """Prints `line` from a helper thread once (host, port) accepts a connection.
+    """Prints `line` from a helper thread once (host, port) answers an HTTP request.
 
-    Call it from granian's `on_startup` hook. On Linux granian's main process only
-    test-binds the port; each worker binds its own (SO_REUSEPORT), so the port
-    refuses connections until a worker is up. Tests and `llmgw up` wait for this
-    line, so it must not come before the port really answers.
+    Call it from granian's `on_startup` hook. The port accepts connections before the app
+    is ready: granian's main process holds the listening socket while a worker still runs
+    the app's start hook (`__rsgi_init__`: the control plane opens its store and its agent
+    port there). A worker serves only after that hook returned, so an answer means the
+    app started; a hook that fails ends the process without this line. Tests and
+    `llmgw up` wait for it.
     """
     probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     data = (line.rstrip("\n") + "\n").encode()
@@ -24,9 +38,7 @@ def announce_when_listening(host: str, port: int, line: str, timeout: float = 60
     def probe() -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                socket.create_connection((probe_host, port), timeout=1).close()
-            except OSError:
+            if not _answers(probe_host, port, timeout=2):
                 time.sleep(0.02)
                 continue
             # os.write, not print: granian forks workers while this thread runs, and a

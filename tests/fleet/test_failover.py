@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -73,7 +74,7 @@ class Pair:
     def agent(self, node_id: str, control_planes: list[int]) -> Proc:
         """`llmgw agent` with one simulated GPU (room for one replica: the two replicas land one
         on each node) that knows the given agent ports, in that order."""
-        low = free_port()
+        low = free_port(41)
         targets = ",".join(f"127.0.0.1:{p}" for p in control_planes)
         proc = start_process(
             [sys.executable, "-m", "llmgw", "agent", "--control-plane", targets, "--insecure",
@@ -323,6 +324,24 @@ def test_a_second_server_on_one_sqlite_store_does_not_start(tmp_path: Path) -> N
             "control plane. Stop it first, or give this one another --data-dir; for several "
             "control planes, use one PostgreSQL store (--store postgresql://...)\n")
         assert get_leader(first)["role"] == "leader"
+
+
+def test_a_server_whose_agent_port_is_taken_says_so_and_does_not_start(tmp_path: Path) -> None:
+    # A client connection's local port is enough to keep gRPC from listening there.
+    with socket.create_server(("127.0.0.1", 0)) as other, \
+            socket.create_connection(other.getsockname()) as client:
+        port = client.getsockname()[1]
+        config = tmp_path / "server.yaml"
+        config.write_text(json.dumps({"control_plane": {"agent_insecure": True, "agent_port": port}}))
+        r = subprocess.run([sys.executable, "-m", "llmgw", "server", "--data-dir",
+                            str(tmp_path / "data"), "--port", str(free_port()), "--config",
+                            str(config)], check=False, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout == ""  # no ready line
+    assert r.stderr == (
+        f"error: cannot listen for agents on 127.0.0.1:{port}: Address already in use; another "
+        "process holds that port (another control plane?). Stop it, or set "
+        "control_plane.agent_port in --config to a free port\n")
 
 
 def get_leader(proc: Proc) -> Any:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import fcntl
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import IO
@@ -52,6 +53,9 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
     datadir.prepare(data_dir)
     store = args.store or f"sqlite:///{data_dir / 'llmgw.db'}"
     lock = _lock_sqlite(store, data_dir)  # first: a second server says only why it cannot run
+    _check_free(settings.agent_host, settings.agent_port, "agent_port")
+    if not settings.agent_insecure:
+        _check_free(settings.agent_host, settings.join_port, "agent_join_port")
     if not settings.agent_insecure:
         from llmgw.control.pki import Authority, PkiError
 
@@ -111,6 +115,22 @@ def _lock_sqlite(store: str, data_dir: Path) -> IO[str] | None:
     f.write(f"{os.getpid()}\n")
     f.flush()
     return f
+
+
+def _check_free(host: str, port: int, setting: str) -> None:
+    """Raises ConfigError when the agent service could not listen on (host, port): said
+    here as one sentence, not as the worker's traceback after the admin port opened."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds it
+            s.bind(address)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot listen for agents on {host}:{port}: {e.strerror or e}; another process "
+            f"holds that port (another control plane?). Stop it, or set control_plane.{setting} "
+            "in --config to a free port") from None
 
 
 def run(args: argparse.Namespace) -> int:
