@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import sys
@@ -47,6 +48,25 @@ def announce_when_listening(host: str, port: int, line: str, timeout: float = 60
             return
 
     threading.Thread(target=probe, name="llmgw-ready", daemon=True).start()
+
+
+YOUNG_COLLECTION_EVERY = 20_000
+"""Allocations between the collector's young passes in a worker (CPython's default: 700)."""
+
+
+def settle_worker_heap() -> None:
+    """Call from granian's app factory, in the worker: tunes the cyclic collector for a server.
+
+    Everything made so far (imported modules, configuration, route tables) lives as long as
+    the worker, so it is frozen out of every later pass. And a young pass runs every
+    `YOUNG_COLLECTION_EVERY` allocations rather than 700: at 10,000 requests a second the
+    gateway made about 140 passes a second, which cost it 4-6% of its CPU (measured with
+    `gc.callbacks`), with little to find, since its per-request objects are freed by
+    reference counting. Cyclic garbage then waits for at most that many allocations.
+    """
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_EVERY, middle, old)
 
 
 def serve_app(target: str, host: str, port: int, line: str, *, workers: int = 1, **options: Any) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from llmgw.serving import announce_when_listening
+from llmgw.serving import YOUNG_COLLECTION_EVERY, announce_when_listening
 
 
 def test_the_ready_line_waits_for_an_answer_not_for_the_port(capfd: pytest.CaptureFixture[str]) -> None:
@@ -33,3 +35,15 @@ def test_the_ready_line_waits_for_an_answer_not_for_the_port(capfd: pytest.Captu
             time.sleep(0.05)
             out += capfd.readouterr().out
         assert out == "app is ready\n"
+
+
+def test_a_gateway_worker_freezes_its_startup_heap_and_collects_young_objects_less_often() -> None:
+    # In a fresh interpreter, as granian's worker calls the factory: the test process's own
+    # collector must stay as it is (its fixtures report leaks with gc.collect()).
+    code = ("import gc; from llmgw.gateway.app import create_app; before = gc.get_threshold(); "
+            "create_app(); print(before[0], gc.get_threshold()[0], gc.get_freeze_count())")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                         timeout=60).stdout.split()
+    default, young, frozen = map(int, out)
+    assert default == 700 and young == YOUNG_COLLECTION_EVERY
+    assert frozen > 10_000  # the imported modules' objects, at least

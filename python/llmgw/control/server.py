@@ -211,6 +211,8 @@ def create_app() -> AdminApp:
     """Granian's factory: the admin app over the route table, configured from the environment."""
     from llmgw.admin.app import AdminApp
     from llmgw.admin.table import ROUTES
+    from llmgw.serving import settle_worker_heap
 
     config = decode_config(os.environ[CONFIG_ENV])
+    settle_worker_heap()
     return AdminApp(ControlPlane(config, ROUTES))

@@ -21,7 +21,7 @@ from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
 from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
-from llmgw.serving import read_body
+from llmgw.serving import read_body, settle_worker_heap
 from llmgw.wire import Limits, Snapshot
 
 from . import body as reqbody
@@ -416,4 +416,5 @@ def create_app() -> Gateway:
     """Granian's factory: builds the worker's app from the configuration in the environment."""
     raw = os.environ.get(CONFIG_ENV)
     cfg = decode_gateway(raw) if raw else GatewayConfig()
+    settle_worker_heap()
     return Gateway(cfg)
