@@ -71,7 +71,7 @@ def settle_worker_heap() -> None:
 
 def serve_app(target: str, host: str, port: int, line: str, *, workers: int = 1, **options: Any) -> None:
     """Serves the RSGI app factory `target` ("module:function") with granian on uvloop until
-    it is told to stop, printing `line` once the port accepts (`announce_when_listening`).
+    it is told to stop, printing `line` once the app answers (`announce_when_listening`).
 
     Every llmgw server runs this way: the gateway, the control plane, the engines. Access
     logs are off and granian logs warnings only, so stdout carries the one ready line.

@@ -56,7 +56,6 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
     _check_free(settings.agent_host, settings.agent_port, "agent_port")
     if not settings.agent_insecure:
         _check_free(settings.agent_host, settings.join_port, "agent_join_port")
-    if not settings.agent_insecure:
         from llmgw.control.pki import Authority, PkiError
 
         try:
