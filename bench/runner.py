@@ -272,19 +272,35 @@ def fold(rounds: list[Round], order: list[str]) -> list[Row]:
     return rows
 
 
+def _pairs(rounds: list[Round], name: str, base: str, c: int) -> list[tuple[Round, Round]]:
+    """(name's round, base's round) for each round in which both ran at concurrency c."""
+    out = []
+    for r in sorted({x.round for x in rounds if x.concurrency == c}):
+        t = [x for x in rounds if x.round == r and x.target == name and x.concurrency == c]
+        b = [x for x in rounds if x.round == r and x.target == base and x.concurrency == c]
+        if t and b:
+            out.append((t[0], b[0]))
+    return out
+
+
 def paired_added(rounds: list[Round], name: str, key: str, c: int) -> float | None:
     """Median over rounds of (target's figure - direct's figure in the same round), in µs.
 
     Pairing by round cancels most of the machine's drift between rounds.
     """
-    diffs = []
-    for r in {x.round for x in rounds if x.concurrency == c}:
-        t = [x for x in rounds if x.round == r and x.target == name and x.concurrency == c]
-        d = [x for x in rounds if x.round == r and x.target == DIRECT and x.concurrency == c]
-        if t and d:
-            diffs.append((_figure(t[0], key) - _figure(d[0], key)) * 1000)
+    diffs = [(_figure(t, key) - _figure(d, key)) * 1000 for t, d in _pairs(rounds, name, DIRECT, c)]
     med = spread(diffs)["median"]
     return None if math.isnan(med) else med
+
+
+def paired_rps_ratio(rounds: list[Round], name: str, base: str, c: int) -> dict[str, float] | None:
+    """Median, min and max over rounds of name's req/s over base's in the same round.
+
+    The spread a ratio of the two medians does not show: how far one round's pair moves
+    on this machine. None when no round has both.
+    """
+    ratios = [t.result.rps / b.result.rps for t, b in _pairs(rounds, name, base, c) if b.result.rps > 0]
+    return spread(ratios) if ratios else None
 
 
 def _figure(r: Round, key: str) -> float:

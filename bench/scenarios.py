@@ -39,7 +39,16 @@ from bench.report import (
     versions,
     void_check,
 )
-from bench.runner import MODEL, ROOT, Stack, fold, paired_added, run_rounds, schedule
+from bench.runner import (
+    MODEL,
+    ROOT,
+    Stack,
+    fold,
+    paired_added,
+    paired_rps_ratio,
+    run_rounds,
+    schedule,
+)
 
 
 @dataclass(frozen=True)
@@ -239,6 +248,12 @@ def _figures(
                 out[f"llmgw_keys_over_llmgw_rps_c{lvl}"] = k.rps["median"] / a.rps["median"]
                 out[f"llmgw_keys_over_llmgw_p50_c{lvl}"] = k.p50_ms["median"] / a.p50_ms["median"]
                 out[f"llmgw_keys_over_llmgw_p99_c{lvl}"] = k.p99_ms["median"] / a.p99_ms["median"]
+                # Beside it, each round's own ratio (the two ran one after the other): the
+                # median and the spread, which says how much one run's ratio can move.
+                paired = paired_rps_ratio(rounds, KEYED, "llmgw", lvl)
+                if paired is not None:
+                    for stat in ("median", "min", "max"):
+                        out[f"llmgw_keys_over_llmgw_rps_paired_{stat}_c{lvl}"] = paired[stat]
     return out
 
 

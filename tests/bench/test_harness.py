@@ -12,7 +12,7 @@ import pytest
 from bench.load import LoadResult, LoadSpec, build_request, content_events, target_path
 from bench.procs import Sampler
 from bench.report import DIRECT, Machine, Result, Round, Row, Target, summary_table, void_check
-from bench.runner import fold, paired_added, schedule
+from bench.runner import fold, paired_added, paired_rps_ratio, schedule
 from bench.stats import spread
 
 
@@ -106,6 +106,26 @@ def test_fold_and_paired_added() -> None:
     assert rows[1].p50_ms["median"] == pytest.approx(0.45)
     assert rows[1].rss_mb_max == 70.0 and math.isnan(rows[0].rss_mb_max)
     assert paired_added(rounds, "llmgw", "latency_p50", 1) == pytest.approx(150.0)  # µs
+
+
+def test_paired_rps_ratio_divides_within_each_round_and_reports_the_spread() -> None:
+    # Round 2 is slow for both (the machine was busy): its pair still says 0.9, which a
+    # ratio of the two medians would not show.
+    rps = {("llmgw", 1): 100, ("llmgw-keys", 1): 95, ("llmgw", 2): 50, ("llmgw-keys", 2): 45,
+           ("llmgw", 3): 110, ("llmgw-keys", 3): 88}
+    rounds = [
+        Round(round=r, target=t, concurrency=32, stream=False, result=_res(n),
+              server_cpu=None, server_rss_mb=None, upstream_cpu=None)
+        for (t, r), n in rps.items()
+    ]
+    # A round where only one side ran is left out.
+    rounds.append(Round(round=4, target="llmgw", concurrency=32, stream=False, result=_res(999),
+                        server_cpu=None, server_rss_mb=None, upstream_cpu=None))
+    got = paired_rps_ratio(rounds, "llmgw-keys", "llmgw", 32)
+    assert got is not None
+    assert got["median"] == pytest.approx(0.9)
+    assert (got["min"], got["max"]) == (pytest.approx(0.8), pytest.approx(0.95))
+    assert paired_rps_ratio(rounds, "llmgw-keys", "llmgw", 256) is None
 
 
 def _result() -> Result:
