@@ -119,6 +119,8 @@ def _lock_sqlite(store: str, data_dir: Path) -> IO[str] | None:
 def _check_free(host: str, port: int, setting: str) -> None:
     """Raises ConfigError when the agent service could not listen on (host, port): said
     here as one sentence, not as the worker's traceback after the admin port opened."""
+    from llmgw.control.settings import port_taken
+
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
@@ -126,10 +128,7 @@ def _check_free(host: str, port: int, setting: str) -> None:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds it
             s.bind(address)
     except OSError as e:
-        raise ConfigError(
-            f"cannot listen for agents on {host}:{port}: {e.strerror or e}; another process "
-            f"holds that port (another control plane?). Stop it, or set control_plane.{setting} "
-            "in --config to a free port") from None
+        raise ConfigError(port_taken(f"{host}:{port}", e.strerror or e, setting)) from None
 
 
 def run(args: argparse.Namespace) -> int:

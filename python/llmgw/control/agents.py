@@ -32,7 +32,7 @@ from llmgw.control.catalog import Model, Profile
 from llmgw.control.fleet import Fleet, NodeFacts, Registration, Status
 from llmgw.control.inventory import Gpu, Replica, ReplicaState, gpu_class_of
 from llmgw.control.pki import Authority, PkiError, peer_identity, pem, serial_hex
-from llmgw.control.settings import Settings
+from llmgw.control.settings import Settings, port_taken
 from llmgw.secrets import parse_join_token
 from llmgw.store import joins
 from llmgw.store.errors import Forbidden
@@ -285,16 +285,15 @@ def _server() -> grpc.aio.Server:
                                     ("grpc.http2.min_ping_interval_without_data_ms", 5000)])
 
 
-def _listen(server: grpc.aio.Server, address: str,
-            creds: grpc.ServerCredentials | None) -> None:
+def _listen(server: grpc.aio.Server, address: str, creds: grpc.ServerCredentials | None,
+            setting: str) -> None:
     try:
         if creds is None:
             server.add_insecure_port(address)
         else:
             server.add_secure_port(address, creds)
     except RuntimeError as e:
-        raise RuntimeError(f"cannot listen for agents on {address}: {e}; is another control plane "
-                           "using it? Set control_plane.agent_port and agent_join_port") from e
+        raise RuntimeError(port_taken(address, e, setting)) from e
 
 
 async def serve(cp: Any, settings: Settings, data_dir: Path | None = None,
@@ -307,7 +306,7 @@ async def serve(cp: Any, settings: Settings, data_dir: Path | None = None,
             raise RuntimeError(f"agent_insecure is allowed only on loopback, not {settings.agent_host}")
         server = _server()
         add_AgentServiceServicer_to_server(AgentService(cp), server)
-        _listen(server, address, None)
+        _listen(server, address, None, "agent_port")
         await server.start()
         log.info("%s %s (plaintext, loopback only)", READY_LINE, address)
         return server
@@ -322,8 +321,8 @@ async def serve(cp: Any, settings: Settings, data_dir: Path | None = None,
     server = _server()
     add_AgentServiceServicer_to_server(AgentService(cp, authority, join_hash_key), server)
     join = f"{settings.agent_host}:{settings.join_port}"
-    _listen(server, address, grpc.ssl_server_credentials(pair, authority.ca_pem, True))
-    _listen(server, join, grpc.ssl_server_credentials(pair))
+    _listen(server, address, grpc.ssl_server_credentials(pair, authority.ca_pem, True), "agent_port")
+    _listen(server, join, grpc.ssl_server_credentials(pair), "agent_join_port")
     await server.start()
     log.info("%s %s (mutual TLS; joins on %s)", READY_LINE, address, join)
     return server

@@ -178,3 +178,11 @@ def encode_config(cfg: ServerConfig) -> str:
 def decode_config(text: str) -> ServerConfig:
     """Inverse of encode_config."""
     return msgspec.json.decode(text, type=ServerConfig)
+
+
+def port_taken(address: str, why: object, setting: str) -> str:
+    """What an operator reads when the agent service cannot listen on `address`: `llmgw
+    server`'s check before it starts, and the bind itself should the port go in between."""
+    return (f"cannot listen for agents on {address}: {why}; another process holds that port "
+            f"(another control plane?). Stop it, or set control_plane.{setting} in --config "
+            "to a free port")
