@@ -274,13 +274,9 @@ def fold(rounds: list[Round], order: list[str]) -> list[Row]:
 
 def _pairs(rounds: list[Round], name: str, base: str, c: int) -> list[tuple[Round, Round]]:
     """(name's round, base's round) for each round in which both ran at concurrency c."""
-    out = []
-    for r in sorted({x.round for x in rounds if x.concurrency == c}):
-        t = [x for x in rounds if x.round == r and x.target == name and x.concurrency == c]
-        b = [x for x in rounds if x.round == r and x.target == base and x.concurrency == c]
-        if t and b:
-            out.append((t[0], b[0]))
-    return out
+    at = {(x.round, x.target): x for x in rounds if x.concurrency == c}
+    return [(at[r, name], at[r, base]) for r in sorted({r for r, _ in at})
+            if (r, name) in at and (r, base) in at]
 
 
 def paired_added(rounds: list[Round], name: str, key: str, c: int) -> float | None:
