@@ -73,6 +73,11 @@ def _table(args: argparse.Namespace) -> int:
             from bench.auth import markdown as auth_markdown
 
             text = auth_markdown(msgspec.json.decode(raw, type=AuthResult))
+        elif scenario == "keyed-cost":
+            from bench.keyed_cost import KeyedCostResult
+            from bench.keyed_cost import markdown as keyed_cost_markdown
+
+            text = keyed_cost_markdown(msgspec.json.decode(raw, type=KeyedCostResult))
         elif scenario == "routing":
             text = routing_markdown(msgspec.json.decode(raw, type=RoutingResult))
         elif scenario == "index":

@@ -8,6 +8,8 @@
   (bench/routing.py).
 - index: the KV-event index's Rust bench, against the issue's targets (bench/index.py).
 - usage: usage ingestion into SQLite and PostgreSQL, requests recorded per second (bench/usage.py).
+- keyed-cost: plain and keyed llmgw at one fixed rate in the same windows; CPU per request of
+  each and their ratio (bench/keyed_cost.py).
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ SCENARIOS: dict[str, Scenario] = {
     "usage": Scenario((1,), False, 0, 0.0),
     # In process: what API keys and limits add per request (bench/auth.py).
     "auth": Scenario((1,), False, 0, 0.0),
+    # Plain and keyed llmgw at one fixed rate in the same windows: CPU per request
+    # (bench/keyed_cost.py).
+    "keyed-cost": Scenario((16,), False, 0, 4.0),
 }
 
 
@@ -96,6 +101,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="throughput/overhead: the engine simulator (default) or the fixed-answer "
                         "Rust upstream (non-streamed scenarios only), which leaves the CPU to the "
                         "gateways and the load generator")
+    p.add_argument("--rate", type=float,
+                   help="keyed-cost: requests per second to each gateway (default 2500)")
     p.add_argument("--out", help="result path (default bench/results/SCENARIO-DATE.json)")
     p.add_argument("--users", type=int, help="routing: chat users (default 64)")
     p.add_argument("--turns", type=int, help="routing: mean turns per user (default 6, +-4)")
@@ -126,6 +133,10 @@ def run_scenario(args: argparse.Namespace) -> int:
         from bench.auth import run_auth
 
         return run_auth(args)
+    if args.scenario == "keyed-cost":
+        from bench.keyed_cost import run_keyed_cost
+
+        return run_keyed_cost(args)
     sc = SCENARIOS[args.scenario]
     rounds = 2 if args.quick else args.rounds
     round_s = args.round_s or (1.0 if args.quick else sc.round_s)

@@ -268,3 +268,23 @@ def test_sampler_measures_the_busiest_thread() -> None:
         t.join()
     assert 0.3 <= s.busiest <= 1.05
     assert s.cpu >= s.busiest - 0.1
+
+
+def test_keyed_cost_window_shares_the_rest_of_the_machine_and_charges_the_control_plane_to_keyed() -> None:
+    from bench.keyed_cost import _void, figures, window
+
+    # 1,000 requests each; plain's gateway 200 ms, keyed's 220 ms and its control plane 10 ms;
+    # the machine 630 ms busy, so 200 ms of it (loader, upstream, kernel) is shared: 100 µs each.
+    w = window(200_000_000, 220_000_000, 10_000_000, 630_000_000, _res(1000), _res(1000))
+    assert (w.plain_us, w.keyed_us, w.cp_us, w.shared_us) == (200.0, 220.0, 10.0, 100.0)
+    assert w.cost_ratio == pytest.approx(300 / 330)
+    # /proc/stat's ticks can read less than the groups' nanoseconds: nothing is shared then.
+    assert window(100, 100, 0, 50, _res(1), _res(1)).shared_us == 0.0
+    other = window(200_000_000, 200_000_000, 0, 400_000_000, _res(1000), _res(1000))
+    figs = figures([w, other, w])
+    assert figs["keyed_cost_ratio"] == pytest.approx(300 / 330, abs=1e-3)
+    assert figs["keyed_cost_ratio_max"] == 1.0
+    assert figs["keyed_added_gateway_us"] == 20.0
+    # A window that did not hold the rate (or saw errors) voids the run, saying what to do.
+    assert _void(w, rate=1000.0, seconds=1.0) == ""
+    assert "--rate" in _void(w, rate=2000.0, seconds=1.0)
