@@ -9,10 +9,22 @@ PIP := $(VENV)/bin/pip
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
+# llama-cpp-python (the `test` and `cpu` extras) is compiled by pip from source, and by
+# default for the CPU of the machine that builds it (-march=native). Some VMs advertise AMX
+# without letting a process use it, and ggml's AMX kernels then die on the first inference
+# (a general protection fault at `ldtilecfg`). The tests use a portable build instead (AVX2,
+# FMA, F16C), made once per machine into a wheelhouse outside the clone, so that a fresh
+# clone installs it without compiling; its version is read from pyproject.toml's pin.
+LLAMA_CPP := $(shell grep -o -m1 'llama-cpp-python==[0-9.]*' pyproject.toml)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+WHEELHOUSE ?= $(HOME)/.cache/llmgw/wheels/llama-cpp-portable
+
 $(VENV)/.installed: pyproject.toml Cargo.toml rust/Cargo.toml $(shell find rust/src -name '*.rs' 2>/dev/null)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[test]'
+	ls $(WHEELHOUSE)/llama_cpp_python-$(subst llama-cpp-python==,,$(LLAMA_CPP))-*.whl >/dev/null 2>&1 || \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel --quiet --no-cache-dir --no-deps -w $(WHEELHOUSE) $(LLAMA_CPP)
+	$(PIP) install --quiet --find-links $(WHEELHOUSE) -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed ## make .venv with llmgw (Rust core built in release) and the test tools
