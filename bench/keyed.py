@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.procs import Server, free_port, group_pids
+from bench.procs import Server, free_port, group_cpu_ns
 from llmgw.cli.ctl.client import Client
 from llmgw.control.datadir import read_admin_token
 
@@ -84,14 +84,7 @@ class Keyed:
     def _cp_cpu(self) -> float:
         # schedstat's nanoseconds, not stat's 10 ms ticks: the idle rate (a few ms a
         # second) is scaled by the whole run, and a tick of error there was ~5 µs a request.
-        total = 0
-        for pid in group_pids(self.server.pid):
-            for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-                try:
-                    total += int(task.read_text().split()[0])
-                except (OSError, ValueError, IndexError):
-                    pass  # a thread that just ended
-        return total / 1e9
+        return group_cpu_ns(self.server.pid) / 1e9
 
     def start_cpu(self, idle_s: float = 2.0) -> None:
         """Measures the control plane's idle CPU rate, then starts counting its CPU."""

@@ -17,8 +17,8 @@ plain's, and the control plane's. `cost_ratio` is plain's machine CPU per reques
 keyed's, at this rate. It is not the throughput scenario's ratio, which issue 5's target is
 judged by: at saturation each request costs the gateway less (on the Intel host of
 2026-12-01, about 130 µs at c=32 against about 250 µs at 2,500 req/s: fewer wakeups per
-request), while what keys add does not shrink with it, so the ratio there is lower. The result gives medians over the
-windows with the spread.
+request), while what keys add does not shrink with it, so the ratio there is lower. The
+result gives medians over the windows with the spread.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import os
 import shlex
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,9 +36,10 @@ import uvloop
 
 from bench.keyed import NAME as KEYED
 from bench.load import LoadResult, LoadSpec, run_load
-from bench.procs import group_pids, thread_cpu
+from bench.procs import group_cpu_ns
 from bench.report import Result, Target, git_state, machine_facts, now_iso, today
 from bench.runner import MODEL, ROOT, Stack
+from bench.stats import median, spread
 
 PLAIN = "llmgw"
 RATE = 2500.0
@@ -89,10 +89,6 @@ def _machine_ns() -> int:
     return (user + nice + system + irq + softirq) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
-def _group_ns(pgid: int) -> int:
-    return sum(thread_cpu(group_pids(pgid)).values())
-
-
 def _void(w: Window, rate: float, seconds: float) -> str:
     for name, r in ((PLAIN, w.plain), (KEYED, w.keyed)):
         if r.errors:
@@ -121,12 +117,12 @@ def measure(stack: Stack, windows: int, seconds: float, rate: float) -> tuple[li
     out: list[Window] = []
     void = ""
     for i in range(windows):
-        before = (_group_ns(gw[PLAIN].pid), _group_ns(gw[KEYED].pid), _group_ns(cp), _machine_ns())
+        before = (group_cpu_ns(gw[PLAIN].pid), group_cpu_ns(gw[KEYED].pid), group_cpu_ns(cp), _machine_ns())
         plain, keyed = uvloop.run(both(seconds))
         # The keyed gateway posts the window's last usage within a quarter of a second; the
         # control plane's work on it belongs to this window.
         time.sleep(0.5)
-        after = (_group_ns(gw[PLAIN].pid), _group_ns(gw[KEYED].pid), _group_ns(cp), _machine_ns())
+        after = (group_cpu_ns(gw[PLAIN].pid), group_cpu_ns(gw[KEYED].pid), group_cpu_ns(cp), _machine_ns())
         d = [b - a for a, b in zip(before, after, strict=True)]
         w = window(d[0], d[1], d[2], d[3], plain, keyed)
         out.append(w)
@@ -137,22 +133,18 @@ def measure(stack: Stack, windows: int, seconds: float, rate: float) -> tuple[li
     return out, void
 
 
-def _spread(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-
-
 def figures(ws: list[Window]) -> dict[str, float | None]:
     """The headline figures: medians over the windows (and the ratio's spread)."""
-    ratio = _spread([w.cost_ratio for w in ws])
+    ratio = spread([w.cost_ratio for w in ws])
     return {
         "keyed_cost_ratio": round(ratio["median"], 3),
         "keyed_cost_ratio_min": round(ratio["min"], 3),
         "keyed_cost_ratio_max": round(ratio["max"], 3),
-        "plain_gateway_us": round(statistics.median(w.plain_us for w in ws), 2),
-        "keyed_gateway_us": round(statistics.median(w.keyed_us for w in ws), 2),
-        "keyed_added_gateway_us": round(statistics.median(w.keyed_us - w.plain_us for w in ws), 2),
-        "control_plane_us": round(statistics.median(w.cp_us for w in ws), 2),
-        "shared_us": round(statistics.median(w.shared_us for w in ws), 2),
+        "plain_gateway_us": round(median([w.plain_us for w in ws]), 2),
+        "keyed_gateway_us": round(median([w.keyed_us for w in ws]), 2),
+        "keyed_added_gateway_us": round(median([w.keyed_us - w.plain_us for w in ws]), 2),
+        "control_plane_us": round(median([w.cp_us for w in ws]), 2),
+        "shared_us": round(median([w.shared_us for w in ws]), 2),
     }
 
 

@@ -164,6 +164,11 @@ def thread_cpu(pids: list[int]) -> dict[int, int]:
     return out
 
 
+def group_cpu_ns(pgid: int) -> int:
+    """Nanoseconds every thread of process group `pgid` has run so far (schedstat)."""
+    return sum(thread_cpu(group_pids(pgid)).values())
+
+
 class Sampler:
     """Samples a process group's RSS every `every` seconds on a thread; CPU from start to stop.
 
