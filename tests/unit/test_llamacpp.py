@@ -58,3 +58,23 @@ def test_sampling_passes_what_the_request_sets() -> None:
     body = msgspec.json.decode(b'{"messages": [], "max_tokens": 9, "max_completion_tokens": 5, '
                                b'"temperature": 0, "n": 3}', type=Body)
     assert body.sampling() == {"max_tokens": 5, "temperature": 0}
+
+
+def test_without_llama_cpp_both_commands_give_the_portable_install(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`llmgw up --engine llamacpp` and `llmgw engine llamacpp` without llama-cpp-python say how to
+    install it, with the flags that build it for any AVX2 CPU (a native build can fault on a VM)."""
+    import argparse
+
+    from llmgw.cli import up
+    from llmgw.llamacpp import cli
+
+    monkeypatch.setattr(up, "llamacpp_installed", lambda: False)
+    assert up.run(argparse.Namespace(engine="llamacpp")) == 2
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
+    assert cli.run(argparse.Namespace()) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2
+    for line in said:
+        assert "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON\" " \
+               "pip install 'llmgw[cpu]'" in line

