@@ -259,3 +259,51 @@ def test_a_share_that_spends_units_fast_asks_for_more_than_4096() -> None:
     # larger than what a second takes (a bound of 4,096 waited every 0.4 s).
     assert [w for w in waits if w > 2.0] == [], waits
     assert largest > 4096
+
+
+def test_a_share_that_pauses_asks_for_the_batch_it_grew_to_when_it_comes_back() -> None:
+    """A key that pauses gives back what it holds; coming back at its rate, it waits for one
+    lease call, not for its batch to double again from 32 (a wait at each doubling, every
+    request in flight stalled for the call's round trip)."""
+
+    async def main() -> tuple[int, int]:
+        limiter = Limiter("gw", Counting(LimitsAuthority()), idle_return=0.05, interval=0.02)
+        entry = _entry(Limits(rpm=10**9, tpm=10**12))
+
+        async def burst(n: int) -> int:
+            waits = 0
+            for _ in range(n):
+                t = limiter.take(entry, None, 50)
+                if t is None:
+                    waits += 1
+                    t = await limiter.acquire(entry, None, 50)
+                t.release(50)
+            return waits
+
+        async def both() -> tuple[int, int]:
+            first = await burst(4000)
+            await asyncio.sleep(0.3)  # quiet: the units go back
+            assert limiter.keys["key_1"].units == 0
+            return first, await burst(4000)
+
+        return await _run(limiter, both())  # type: ignore[return-value]
+
+    first, again = asyncio.run(asyncio.wait_for(main(), 10))
+    assert first >= 4  # 32, 64, ... up to 4,096 units: a wait at each
+    assert again == 1
+
+
+def test_a_share_renews_ahead_at_the_pace_it_is_used() -> None:
+    """A rest that is more than a quarter of the batch but less than twice what the last
+    interval took is renewed now: it would run out before the next pass."""
+    from llmgw.gateway.limits import Share
+
+    limiter = Limiter("gw", Counting(LimitsAuthority()), idle_return=10.0)
+    s = Share("key:k", Limits(rpm=10**9))
+    s.units, s.unit_batch, s.units_until, s.last_used = 1000, 1600, 1e9, 0.0
+    s.units_mark = 1000
+    limiter._renew(s, 0.0)
+    assert s.want_units == 0  # nothing taken since the last pass
+    s.units = 600  # 400 taken in one interval: 600 left lasts 1.5 intervals
+    limiter._renew(s, 0.0)
+    assert s.want_units == 1

@@ -72,8 +72,8 @@ class Share(_core.Hold):
     """
 
     __slots__ = ("back", "denied", "denied_until", "lease", "limits", "retired", "retry_at", "scope",
-                 "slots_held", "tok_at", "tok_batch", "tok_over", "unit_batch", "units_at", "want_slots",
-                 "want_tokens", "want_units")
+                 "slots_held", "tok_at", "tok_batch", "tok_mark", "tok_over", "unit_batch", "units_at",
+                 "units_mark", "want_slots", "want_tokens", "want_units")
 
     def __init__(self, scope: str, limits: Limits) -> None:
         self.scope = scope
@@ -86,6 +86,9 @@ class Share(_core.Hold):
         """When the latest units were granted."""
         self.unit_batch = self.batch()
         """Units the next lease asks for: grows while grants run out fast (see `grow`)."""
+        self.units_mark = 0
+        """Units held at the previous pass of the lease loop (or at the grant since): what
+        requests took in between says whether the rest lasts until the next pass."""
         self.lease = 0
         self.slots_free = 0
         self.slots_held = 0
@@ -95,6 +98,8 @@ class Share(_core.Hold):
         """Tokens the next lease asks for beyond what waiting requests need (see `grow_tokens`)."""
         self.tok_at = -1e9
         """When the latest token lease was granted."""
+        self.tok_mark = 0
+        """The token lease's balance at the previous pass (or at its grant), as `units_mark`."""
         self.retired: list[TokenLease] = []
         """Token leases no longer taken from, waiting for their requests to settle."""
         self.back: dict[int, int] = {}
@@ -110,7 +115,12 @@ class Share(_core.Hold):
 
     def set_limits(self, limits: Limits) -> None:
         """Takes the scope's limits from a (new) snapshot."""
-        self.limits = limits
+        old, self.limits = self.limits, limits
+        if limits != old:
+            # Batches grow within two seconds' part of the limit and keep their size while
+            # the share is quiet: another limit sizes them afresh.
+            self.unit_batch = self.batch()
+            self.tok_batch = self.token_batch()
         self.has_rpm = limits.rpm is not None
         self.has_conc = limits.concurrency is not None
         self.metered = limits.tpm is not None or limits.budget_tokens is not None
@@ -141,7 +151,7 @@ class Share(_core.Hold):
         two-second part of the rpm (what `batch` allows a small limit) and 2^16: a bound
         of 4,096 lasted 0.2 s at 20,000 req/s, less than the `interval` between the calls
         that renew it ahead, so requests waited again (as with tokens, `grow_tokens`).
-        `_settle` puts it back to `batch()` when the share goes quiet.
+        It stays as it grew when the share goes quiet (see `Limiter._settle`).
         """
         if now - self.units_at < 1.0:
             self.unit_batch = _doubled(self.unit_batch, self.batch(), self.limits.rpm or 0, 1 << 16)
@@ -160,8 +170,8 @@ class Share(_core.Hold):
         A hot key spends 100k tokens in a tenth of a second at ~20,000 req/s, before the
         periodic call (every `interval`) can renew it, and every request in flight then
         waited for a lease call: about ten stalls a second. The bound is two seconds of
-        the limit (what `batch` allows units) and 2^24 tokens; `_settle` puts it back to
-        `token_batch()` when the share goes quiet.
+        the limit (what `batch` allows units) and 2^24 tokens; it stays as it grew when the
+        share goes quiet (see `Limiter._settle`).
         """
         if now - self.tok_at < 1.0:
             self.tok_batch = _doubled(self.tok_batch, self.token_batch(), self._token_limit(), 1 << 24)
@@ -310,9 +320,12 @@ class Limiter:
         if s.units and (s.units_until <= now or quiet):
             s.back[s.lease] = s.units
             s.units = 0
-        if quiet:
-            s.unit_batch = s.batch()
-            s.tok_batch = s.token_batch()
+        # A quiet share gives back what it holds but keeps the batch sizes it grew to. Put
+        # back to the first batch, a key that paused and came back at its rate (a client's
+        # bursts, the bench's rounds) waited for the batch to double again: eight lease calls
+        # from 32 units to 4,096, each stalling every request in flight for the call's round
+        # trip (5-20 ms on a busy machine). A batch is at most two seconds' part of the
+        # limit, so asking for it after a pause takes no more than the limit's pace allows.
         tok = s.tok
         if tok is not None and (tok.until <= now or quiet or tok.balance <= 0):
             s.retired.append(tok)
@@ -371,15 +384,23 @@ class Limiter:
         Asked ahead, the new lease lands while the old one still admits; what is left of
         the old one goes back with the call after (`_apply`), so nothing is counted twice.
         """
+        units_taken, s.units_mark = s.units_mark - s.units, s.units
+        tok = s.tok
+        tokens_taken = 0
+        if tok is not None:
+            tokens_taken, s.tok_mark = s.tok_mark - tok.balance, tok.balance
         if now - s.last_used >= self.idle_return:
             return
+        # What is left must last until the pass after next, before which the lease asked
+        # now lands: at the pace of the last interval, a rest under twice what it took runs
+        # out first (a quarter of the batch left is too little once a batch lasts under
+        # four intervals, and each run-out stalls every request in flight).
         soon = now + self.interval
         if s.has_rpm and s.units and not s.want_units and (
-                s.units_until <= soon or s.units * 4 <= s.unit_batch):
+                s.units_until <= soon or s.units * 4 <= s.unit_batch or s.units <= 2 * units_taken):
             s.want_units = 1
-        tok = s.tok
         if s.metered and tok is not None and not s.want_tokens and (
-                tok.until <= soon or tok.balance * 4 <= tok.granted):
+                tok.until <= soon or tok.balance * 4 <= tok.granted or tok.balance <= 2 * tokens_taken):
             s.want_tokens = 1
 
     async def round_trip(self) -> None:
@@ -419,6 +440,7 @@ class Limiter:
             if s.units:  # a lease asked for while units were left: those go back
                 s.back[s.lease] = s.units
             s.units, s.units_until, s.lease, s.units_at = g.units, now + g.ttl, g.lease, now
+            s.units_mark = g.units
         if g.slots:
             s.slots_free += g.slots
             s.slots_held += g.slots
@@ -427,6 +449,7 @@ class Limiter:
                 s.retired.append(s.tok)
             s.tok = TokenLease(g.tokens_lease, g.tokens, now + g.ttl)
             s.tok_at = now
+            s.tok_mark = g.tokens
         if g.denied is not None:
             wait = g.retry_after or 1.0
             s.denied, s.retry_at = g.denied, now + wait
