@@ -78,3 +78,41 @@ def test_without_llama_cpp_both_commands_give_the_portable_install(
     for line in said:
         assert "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON\" " \
                "pip install 'llmgw[cpu]'" in line
+
+
+def test_load_evaluates_one_token_before_the_port_opens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build that faults on its first evaluation must die at start, not on a client's request;
+    the evaluation leaves no state behind for the first prompt."""
+    from llmgw.llamacpp.app import load
+    from llmgw.llamacpp.config import LlamaConfig
+
+    calls: list[object] = []
+
+    class Llama:
+        def __init__(self, model_path: str, **kw: object) -> None:
+            calls.append(("init", model_path))
+            self._model = types.SimpleNamespace(vocab=object())
+
+        def generate(self, tokens: object, *args: object, **kwargs: object) -> Iterator[int]:
+            yield from ()
+
+        def token_bos(self) -> int:
+            return 2
+
+        def eval(self, tokens: list[int]) -> None:
+            calls.append(("eval", tokens))
+
+        def reset(self) -> None:
+            calls.append("reset")
+
+    fake = types.ModuleType("llama_cpp")
+    fake.Llama = Llama  # type: ignore[attr-defined]
+    fake.llama_vocab_is_eog = lambda vocab, token: False  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    import faulthandler
+
+    monkeypatch.setattr(faulthandler, "enable", lambda: calls.append("faulthandler"))
+    app = load(LlamaConfig(model_path="/m.gguf", served_name="m"))
+    # faulthandler first: a fault in the evaluation leaves a traceback in the engine's log.
+    assert calls == [("init", "/m.gguf"), "faulthandler", ("eval", [2]), "reset"]
+    assert app.name == "m"

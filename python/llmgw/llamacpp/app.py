@@ -20,6 +20,7 @@ as waiting. A client that goes away stops its generation at the next token.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import hmac
 import threading
 import time
@@ -258,7 +259,7 @@ class LlamaApp:
 
 
 def load(config: LlamaConfig) -> LlamaApp:
-    """Loads the model (seconds for a small one) and builds the app over it."""
+    """Loads the model (seconds for a small one), evaluates one token, and builds the app over it."""
     import llama_cpp
 
     kw: dict[str, Any] = {"n_ctx": config.n_ctx, "verbose": False}
@@ -267,6 +268,13 @@ def load(config: LlamaConfig) -> LlamaApp:
     if config.chat_format:
         kw["chat_format"] = config.chat_format
     llm = llama_cpp.Llama(model_path=config.model_path, **kw)
+    # One token through the model before the port opens. A llama-cpp-python built for
+    # instructions this CPU refuses (AMX on some VMs: the README's CMAKE_ARGS) faults on
+    # its first evaluation: here the engine then dies at start, with faulthandler's
+    # traceback ending on this line, and no client request dies with it.
+    faulthandler.enable()
+    llm.eval([llm.token_bos()])
+    llm.reset()  # type: ignore[no-untyped-call]  # llama-cpp-python leaves reset() unannotated
     vocab = llm._model.vocab  # the end-of-generation test llama-cpp-python itself uses
     counter = Counter(llm, lambda token: bool(llama_cpp.llama_vocab_is_eog(vocab, token)))
     return LlamaApp(config, llm, counter)
