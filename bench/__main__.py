@@ -59,34 +59,16 @@ def _scenario(args: argparse.Namespace) -> int:
 
 
 def _table(args: argparse.Namespace) -> int:
-    from bench.index import IndexResult
-    from bench.index import markdown as index_markdown
     from bench.report import Result, markdown
-    from bench.routing_report import RoutingResult
-    from bench.routing_report import markdown as routing_markdown
+    from bench.scenarios import SCENARIOS
 
     for path in args.files:
         raw = Path(path).read_bytes()
         scenario = msgspec.json.decode(raw, type=_Scenario).scenario
-        if scenario == "auth":
-            from bench.auth import AuthResult
-            from bench.auth import markdown as auth_markdown
-
-            text = auth_markdown(msgspec.json.decode(raw, type=AuthResult))
-        elif scenario == "keyed-cost":
-            from bench.keyed_cost import KeyedCostResult
-            from bench.keyed_cost import markdown as keyed_cost_markdown
-
-            text = keyed_cost_markdown(msgspec.json.decode(raw, type=KeyedCostResult))
-        elif scenario == "routing":
-            text = routing_markdown(msgspec.json.decode(raw, type=RoutingResult))
-        elif scenario == "index":
-            text = index_markdown(msgspec.json.decode(raw, type=IndexResult))
-        elif scenario == "usage":
-            from bench.usage import UsageResult
-            from bench.usage import markdown as usage_markdown
-
-            text = usage_markdown(msgspec.json.decode(raw, type=UsageResult))
+        known = SCENARIOS.get(scenario)
+        own = known.own if known is not None else None
+        if own is not None:
+            text = own.load("table")(msgspec.json.decode(raw, type=own.load("result")))
         else:
             text = markdown(msgspec.json.decode(raw, type=Result))
         print(text + "\n")

@@ -15,12 +15,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shlex
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import uvloop
@@ -54,13 +56,35 @@ from bench.runner import (
 
 
 @dataclass(frozen=True)
+class Own:
+    """A scenario's own harness: its runner, its result type and its table, each named as
+    "module:attribute" and imported only when used (each pulls in what it needs)."""
+
+    run: str
+    result: str
+    table: str
+
+    def load(self, part: str) -> Any:
+        """The `run`, `result` or `table` object, imported."""
+        module, _, name = getattr(self, part).partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+def _own(module: str, run: str, result: str, table_module: str | None = None) -> Own:
+    report = table_module or module
+    return Own(f"{module}:{run}", f"{report}:{result}", f"{report}:markdown")
+
+
+@dataclass(frozen=True)
 class Scenario:
-    """A scenario's fixed shape; rounds and durations come from the command line."""
+    """A scenario's fixed shape; rounds and durations come from the command line. One with
+    its `own` harness runs that instead, and its shape is not used."""
 
     concurrencies: tuple[int, ...]
     stream: bool
     output_tokens: int
     round_s: float
+    own: Own | None = None
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -68,15 +92,15 @@ SCENARIOS: dict[str, Scenario] = {
     "throughput": Scenario((1, 32, 256), False, 16, 2.0),
     "streaming": Scenario((128,), True, 64, 3.0),
     "soak": Scenario((32,), False, 16, 0.0),
-    # Their own runners (bench/routing.py, bench/index.py); these shapes are not used.
-    "routing": Scenario((16,), True, 16, 60.0),
-    "index": Scenario((1,), False, 0, 0.0),
-    "usage": Scenario((1,), False, 0, 0.0),
-    # In process: what API keys and limits add per request (bench/auth.py).
-    "auth": Scenario((1,), False, 0, 0.0),
-    # Plain and keyed llmgw at one fixed rate in the same windows: CPU per request
-    # (bench/keyed_cost.py).
-    "keyed-cost": Scenario((16,), False, 0, 4.0),
+    "routing": Scenario((16,), True, 16, 60.0,
+                        _own("bench.routing", "run_routing", "RoutingResult", "bench.routing_report")),
+    "index": Scenario((1,), False, 0, 0.0, _own("bench.index", "run_index", "IndexResult")),
+    "usage": Scenario((1,), False, 0, 0.0, _own("bench.usage", "run_usage", "UsageResult")),
+    # In process: what API keys and limits add per request.
+    "auth": Scenario((1,), False, 0, 0.0, _own("bench.auth", "run_auth", "AuthResult")),
+    # Plain and keyed llmgw at one fixed rate in the same windows: CPU per request.
+    "keyed-cost": Scenario((16,), False, 0, 4.0,
+                           _own("bench.keyed_cost", "run_keyed_cost", "KeyedCostResult")),
 }
 
 
@@ -117,27 +141,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 def run_scenario(args: argparse.Namespace) -> int:
     """Runs one scenario end to end and writes its result; returns the exit status."""
-    if args.scenario == "routing":
-        from bench.routing import run_routing
-
-        return run_routing(args)
-    if args.scenario == "index":
-        from bench.index import run_index
-
-        return run_index(args)
-    if args.scenario == "usage":
-        from bench.usage import run_usage
-
-        return run_usage(args)
-    if args.scenario == "auth":
-        from bench.auth import run_auth
-
-        return run_auth(args)
-    if args.scenario == "keyed-cost":
-        from bench.keyed_cost import run_keyed_cost
-
-        return run_keyed_cost(args)
     sc = SCENARIOS[args.scenario]
+    if sc.own is not None:
+        return int(sc.own.load("run")(args))
     rounds = 2 if args.quick else args.rounds
     round_s = args.round_s or (1.0 if args.quick else sc.round_s)
     levels = (
