@@ -298,12 +298,12 @@ def test_a_share_renews_ahead_at_the_pace_it_is_used() -> None:
     interval took is renewed now: it would run out before the next pass."""
     from llmgw.gateway.limits import Share
 
-    limiter = Limiter("gw", Counting(LimitsAuthority()), idle_return=10.0)
+    limiter = Limiter("gw", Counting(LimitsAuthority()))
     s = Share("key:k", Limits(rpm=10**9))
     s.units, s.unit_batch, s.units_until, s.last_used = 1000, 1600, 1e9, 0.0
     s.units_mark = 1000
-    limiter._renew(s, 0.0)
+    limiter._renew(s, 0.0, False)
     assert s.want_units == 0  # nothing taken since the last pass
     s.units = 600  # 400 taken in one interval: 600 left lasts 1.5 intervals
-    limiter._renew(s, 0.0)
+    limiter._renew(s, 0.0, False)
     assert s.want_units == 1

@@ -313,9 +313,9 @@ class Limiter:
             self._kick.clear()
             await self.round_trip()
 
-    def _settle(self, s: Share, now: float) -> bool:
-        """Moves what is unused into `back`; True when the authority must hear of it."""
-        quiet = now - s.last_used >= self.idle_return
+    def _settle(self, s: Share, now: float, quiet: bool) -> bool:
+        """Moves what is unused into `back` (all of it when the share is `quiet`: unused for
+        `idle_return`); True when the authority must hear of it."""
         tell = False
         if s.units and (s.units_until <= now or quiet):
             s.back[s.lease] = s.units
@@ -351,14 +351,15 @@ class Limiter:
         heartbeat = now - self._last_call >= self.heartbeat / 2
         for d in (self.keys, self.projects):
             for name, s in list(d.items()):
-                tell = self._settle(s, now)
+                quiet = now - s.last_used >= self.idle_return
+                tell = self._settle(s, now, quiet)
                 if (now - s.last_used > FORGET_AFTER and s.tok is None and not s.retired and not (
                         s.slots_held or s.units or s.back or s.tok_over or s.want_units or s.want_slots
                         or s.want_tokens)):
                     del d[name]  # a key not used for a while: its share is made again when it is
                     self._memo.clear()
                     continue
-                self._renew(s, now)
+                self._renew(s, now, quiet)
                 if not (s.want_units or s.want_slots or s.want_tokens or s.back or s.tok_over or tell
                         or (heartbeat and s.slots_held)):
                     continue
@@ -375,7 +376,7 @@ class Limiter:
                 s.want_units = s.want_slots = s.want_tokens = 0
         return asks
 
-    def _renew(self, s: Share, now: float) -> None:
+    def _renew(self, s: Share, now: float, quiet: bool) -> None:
         """Asks ahead for what a share in use runs out of before the next periodic call.
 
         Without it a busy share's units expired (ttl) or its tokens ran out on the request
@@ -389,7 +390,7 @@ class Limiter:
         tokens_taken = 0
         if tok is not None:
             tokens_taken, s.tok_mark = s.tok_mark - tok.balance, tok.balance
-        if now - s.last_used >= self.idle_return:
+        if quiet:
             return
         # What is left must last until the pass after next, before which the lease asked
         # now lands: at the pace of the last interval, a rest under twice what it took runs
