@@ -60,7 +60,7 @@ def _scenario(args: argparse.Namespace) -> int:
 
 def _table(args: argparse.Namespace) -> int:
     from bench.report import Result, markdown
-    from bench.scenarios import SCENARIOS
+    from bench.scenarios import SCENARIOS, load
 
     for path in args.files:
         raw = Path(path).read_bytes()
@@ -68,7 +68,7 @@ def _table(args: argparse.Namespace) -> int:
         known = SCENARIOS.get(scenario)
         own = known.own if known is not None else None
         if own is not None:
-            text = own.load("table")(msgspec.json.decode(raw, type=own.load("result")))
+            text = load(own.table)(msgspec.json.decode(raw, type=load(own.result)))
         else:
             text = markdown(msgspec.json.decode(raw, type=Result))
         print(text + "\n")

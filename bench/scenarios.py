@@ -58,16 +58,17 @@ from bench.runner import (
 @dataclass(frozen=True)
 class Own:
     """A scenario's own harness: its runner, its result type and its table, each named as
-    "module:attribute" and imported only when used (each pulls in what it needs)."""
+    "module:attribute" and imported only when used (`load`; each pulls in what it needs)."""
 
     run: str
     result: str
     table: str
 
-    def load(self, part: str) -> Any:
-        """The `run`, `result` or `table` object, imported."""
-        module, _, name = getattr(self, part).partition(":")
-        return getattr(importlib.import_module(module), name)
+
+def load(ref: str) -> Any:
+    """The object a "module:attribute" reference names, imported."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _own(module: str, run: str, result: str, table_module: str | None = None) -> Own:
@@ -143,7 +144,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     """Runs one scenario end to end and writes its result; returns the exit status."""
     sc = SCENARIOS[args.scenario]
     if sc.own is not None:
-        return int(sc.own.load("run")(args))
+        return int(load(sc.own.run)(args))
     rounds = 2 if args.quick else args.rounds
     round_s = args.round_s or (1.0 if args.quick else sc.round_s)
     levels = (

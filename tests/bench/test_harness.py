@@ -217,11 +217,11 @@ def test_summary_table_says_void_and_failed_peers() -> None:
 def test_committed_results_decode() -> None:
     from pathlib import Path
 
-    from bench.scenarios import SCENARIOS
+    from bench.scenarios import SCENARIOS, load
 
     results = Path(__file__).parents[2] / "bench" / "results"
     for name, sc in SCENARIOS.items():  # other harnesses may keep their own files in bench/results
-        kind = Result if sc.own is None else sc.own.load("result")
+        kind = Result if sc.own is None else load(sc.own.result)
         for path in sorted(results.glob(f"{name}-????-??-??*.json")):
             res = msgspec.json.decode(path.read_bytes(), type=kind)
             assert res.scenario == name
