@@ -13,7 +13,7 @@ from llmgw.admin import requests as req_routes
 from llmgw.admin import usage as usage_routes
 from llmgw.admin.route import ApiError, Raw, Request, Route
 from llmgw.store import Database
-from llmgw.store.usage import ingest
+from llmgw.store.usage import ingest, settle_gateway
 
 from .usage_util import T0, batch, final, opened
 from .util import with_db
@@ -179,6 +179,52 @@ def test_request_record_and_body(store_url: str) -> None:
             "request asked not to be stored (no_store); set keep_bodies on the project to keep "
             "the next ones."
         )
+
+    with_db(store_url, body)
+
+
+def test_request_record_in_each_state_field_by_field(store_url: str) -> None:
+    # Every field of the record, as the API answers it, from each place a record comes from:
+    # an open, a final as posted, an interrupted row, and a final row from before migration 0007.
+    who = {"gateway_id": "gw1", "org_id": "org_a", "team_id": "team_a", "project_id": "proj_a",
+           "user_id": "user_a", "key_id": "key_a", "path": "acme/ml/chat", "model": "m"}
+    blank = {"upstream_model": None, "replica": None, "route": None, "retries": 0, "stream": False,
+             "started_at": T0, "ttft_ms": None, "duration_ms": None, "status": None, "http_status": None}
+    ended = {"upstream_model": "up-m", "replica": "r1", "route": {"policy": "prefix", "matched": 12},
+             "retries": 2, "stream": True, "started_at": T0, "ttft_ms": 3.5, "duration_ms": 20.0,
+             "status": "ok", "http_status": 200}
+    want = {
+        "o": {"id": "o", "state": "open", **who, **blank, "prompt_tokens": 10, "completion_tokens": 0,
+              "total_tokens": 10, "usage_estimated": True, "finish_reason": None, "body_kept": False},
+        "k": {"id": "k", "state": "final", **who, **ended, "prompt_tokens": 12, "completion_tokens": 5,
+              "total_tokens": 17, "usage_estimated": False, "finish_reason": "stop", "body_kept": True},
+        "i": {"id": "i", "state": "interrupted", **who, "gateway_id": "gw2", **blank,
+              "status": "interrupted", "prompt_tokens": 40, "completion_tokens": 0, "total_tokens": 40,
+              "usage_estimated": True, "finish_reason": None, "body_kept": False},
+        "old": {"id": "old", "state": "final", **who, **ended, "prompt_tokens": 7, "completion_tokens": 4,
+                "total_tokens": 11, "usage_estimated": False, "finish_reason": "length", "body_kept": True},
+    }
+
+    async def body(db: Database) -> None:
+        k = msgspec.structs.replace(final("k", body=True), stream=True, retries=2)
+        await ingest(db, batch(opens=[opened("o")], finals=[k]), T0)
+        await ingest(db, batch("gw2", opens=[opened("i", estimate=40)]), T0)
+        assert await settle_gateway(db, "gw2", T0 + 5) == 1
+        await db.execute(
+            "INSERT INTO requests (id, state, gateway_id, org_id, team_id, project_id, user_id, key_id, "
+            "model, upstream_model, replica, route, retries, stream, started_at, ttft_ms, duration_ms, "
+            "status, http_status, prompt_estimate, prompt_tokens, completion_tokens, usage_estimated, "
+            "finish_reason, body_kept, updated_at) VALUES ('old', 'final', 'gw1', 'org_a', 'team_a', "
+            "'proj_a', 'user_a', 'key_a', 'm', 'up-m', 'r1', '{\"policy\":\"prefix\",\"matched\":12}', "
+            "2, 1, $1, 3.5, 20.0, 'ok', 200, 7, 7, 4, 0, 'length', 1, $1)",
+            T0,
+        )
+        get = _route(req_routes.routes(_names), "GET", "/api/v1/requests/{id}").handler
+        for rid, doc in want.items():
+            raw = msgspec.json.encode(await get(_req(db, path_params={"id": rid})))
+            assert msgspec.json.decode(raw) == doc
+            # The same bytes: field order, and 200 not 200.0, true not 1.
+            assert raw == msgspec.json.encode(doc)
 
     with_db(store_url, body)
 

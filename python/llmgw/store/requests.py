@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from llmgw.wire import NULL
+from llmgw.wire import NULL, UsageRecord
 
 from .db import Database
 from .usage_rows import find_open, stored_final
@@ -65,39 +65,41 @@ class NotKept(msgspec.Struct, kw_only=True):
     reason: str
 
 
+class _Record(msgspec.Struct, kw_only=True):
+    """A request not stored as a posted final (a `requests` row, or an open), with the
+    fields of wire.UsageRecord that a view shows, so that one function makes every view.
+    Fields a request has not reached are empty: the defaults are what an open lacks."""
+
+    request_id: str
+    model: str
+    started_at: float
+    org_id: str | None
+    team_id: str | None
+    project_id: str | None
+    user_id: str | None
+    key_id: str | None
+    prompt_tokens: int
+    upstream_model: str | None = None
+    replica: str | None = None
+    route: msgspec.Raw | None = None
+    retries: int = 0
+    stream: bool = False
+    ttft_ms: float | None = None
+    duration_ms: float | None = None
+    status: str | None = None
+    http_status: int | None = None
+    completion_tokens: int = 0
+    usage_estimated: bool = True
+    finish_reason: str | None = None
+
+
 async def request_view(db: Database, request_id: str) -> RequestView | None:
     """The request's record, or None when there is none (never made, or past retention)."""
     found = await stored_final(db, request_id)
     if found is not None:
         gateway_id, rec = found
         kept = await db.fetchval("SELECT 1 FROM request_bodies WHERE request_id = $1", request_id)
-        return RequestView(
-            id=rec.request_id,
-            state="final",
-            gateway_id=gateway_id,
-            org_id=rec.org_id,
-            team_id=rec.team_id,
-            project_id=rec.project_id,
-            user_id=rec.user_id,
-            key_id=rec.key_id,
-            model=rec.model,
-            upstream_model=rec.upstream_model,
-            replica=rec.replica,
-            route=None if rec.route == NULL else rec.route,
-            retries=rec.retries,
-            stream=rec.stream,
-            started_at=rec.started_at,
-            ttft_ms=rec.ttft_ms,
-            duration_ms=rec.duration_ms,
-            status=rec.status,
-            http_status=rec.http_status,
-            prompt_tokens=rec.prompt_tokens,
-            completion_tokens=rec.completion_tokens,
-            total_tokens=rec.prompt_tokens + rec.completion_tokens,
-            usage_estimated=rec.usage_estimated,
-            finish_reason=rec.finish_reason,
-            body_kept=kept is not None,
-        )
+        return _view(rec, "final", gateway_id, kept is not None)
     r = await db.fetchrow(
         "SELECT id, state, gateway_id, org_id, team_id, project_id, user_id, key_id, model, "
         "upstream_model, replica, route, retries, stream, started_at, ttft_ms, duration_ms, status, "
@@ -107,33 +109,31 @@ async def request_view(db: Database, request_id: str) -> RequestView | None:
     )
     if r is None:
         return await _open_view(db, request_id)
-    return RequestView(
-        id=r["id"],
-        state=r["state"],
-        gateway_id=r["gateway_id"],
+    # stream, usage_estimated and body_kept are INTEGER columns (0 or 1) on both backends.
+    stored = _Record(
+        request_id=r["id"],
+        model=r["model"],
+        started_at=r["started_at"],
         org_id=r["org_id"],
         team_id=r["team_id"],
         project_id=r["project_id"],
         user_id=r["user_id"],
         key_id=r["key_id"],
-        model=r["model"],
+        prompt_tokens=int(r["prompt_tokens"]),
         upstream_model=r["upstream_model"],
         replica=r["replica"],
         route=None if r["route"] is None else msgspec.Raw(r["route"].encode()),
         retries=int(r["retries"]),
         stream=bool(r["stream"]),
-        started_at=r["started_at"],
         ttft_ms=r["ttft_ms"],
         duration_ms=r["duration_ms"],
         status=r["status"],
         http_status=None if r["http_status"] is None else int(r["http_status"]),
-        prompt_tokens=int(r["prompt_tokens"]),
         completion_tokens=int(r["completion_tokens"]),
-        total_tokens=int(r["prompt_tokens"]) + int(r["completion_tokens"]),
         usage_estimated=bool(r["usage_estimated"]),
         finish_reason=r["finish_reason"],
-        body_kept=bool(r["body_kept"]),
     )
+    return _view(stored, r["state"], r["gateway_id"], bool(r["body_kept"]))
 
 
 async def _open_view(db: Database, request_id: str) -> RequestView | None:
@@ -141,32 +141,49 @@ async def _open_view(db: Database, request_id: str) -> RequestView | None:
     if found is None:
         return None
     gateway_id, o = found
-    return RequestView(
-        id=o.request_id,
-        state="open",
-        gateway_id=gateway_id,
+    # Only its start is known: the rest keeps _Record's defaults, tokens the prompt estimate.
+    started = _Record(
+        request_id=o.request_id,
+        model=o.model,
+        started_at=o.started_at,
         org_id=o.org_id,
         team_id=o.team_id,
         project_id=o.project_id,
         user_id=o.user_id,
         key_id=o.key_id,
-        model=o.model,
-        upstream_model=None,
-        replica=None,
-        route=None,
-        retries=0,
-        stream=False,
-        started_at=o.started_at,
-        ttft_ms=None,
-        duration_ms=None,
-        status=None,
-        http_status=None,
         prompt_tokens=o.prompt_estimate,
-        completion_tokens=0,
-        total_tokens=o.prompt_estimate,
-        usage_estimated=True,
-        finish_reason=None,
-        body_kept=False,
+    )
+    return _view(started, "open", gateway_id, False)
+
+
+def _view(rec: UsageRecord | _Record, state: State, gateway_id: str, body_kept: bool) -> RequestView:
+    """The view of a request: the one place its fields are set, whatever record it came from."""
+    return RequestView(
+        id=rec.request_id,
+        state=state,
+        gateway_id=gateway_id,
+        org_id=rec.org_id,
+        team_id=rec.team_id,
+        project_id=rec.project_id,
+        user_id=rec.user_id,
+        key_id=rec.key_id,
+        model=rec.model,
+        upstream_model=rec.upstream_model,
+        replica=rec.replica,
+        route=None if rec.route == NULL else rec.route,  # a posted final says "no route" with NULL
+        retries=rec.retries,
+        stream=rec.stream,
+        started_at=rec.started_at,
+        ttft_ms=rec.ttft_ms,
+        duration_ms=rec.duration_ms,
+        status=rec.status,
+        http_status=rec.http_status,
+        prompt_tokens=rec.prompt_tokens,
+        completion_tokens=rec.completion_tokens,
+        total_tokens=rec.prompt_tokens + rec.completion_tokens,
+        usage_estimated=rec.usage_estimated,
+        finish_reason=rec.finish_reason,
+        body_kept=body_kept,
     )
 
 
