@@ -400,20 +400,12 @@ class Proxy:
             except ProtocolClosed:
                 pass
             return
-        finally:
-            # granian ends a streamed answer only when its transport is released. The upstream
-            # error was raised from `ex.error`, and its traceback holds this frame: a cycle
-            # (ex -> error -> traceback -> frame -> ex) that only the cyclic GC frees, so the
-            # client got the error event and then waited, for the next full collection, for
-            # the end of the answer. Let go of it here, whatever path ends the stream.
-            opened = transport is not None
-            transport = None
         ex.finish()
         self.replicas.succeeded(r)
         self._stream_usage(call, tap)
         if tap.error is not None or not tap.done:
             call.status = "upstream_error"
-        if not opened:
+        if transport is None:
             protocol.response_bytes(200, [("content-type", "text/event-stream"), ("x-request-id", call.rid)], b"")
 
     def _broken(self, r: Replica, e: UpstreamError) -> Failure:

@@ -28,6 +28,20 @@ class UpstreamError(Exception):
         self.phase = phase
 
 
+def _again(err: UpstreamError) -> UpstreamError:
+    """A fresh exception like `err` (same class, phase and message), for `Exchange` to raise.
+
+    An exchange keeps its error (`Exchange.error`) and never raises that one itself: a raised
+    exception keeps a traceback that holds the frames it passed through, the caller's among
+    them, and the caller holds the exchange: a cycle (exchange -> error -> traceback -> frame
+    -> exchange) that only the cyclic collector frees, and the gateway's runs rarely. Until
+    then that frame kept whatever else it held, a streamed answer's transport too, which
+    granian ends only once it is released: the client got the error event, then waited for
+    the end of the answer. Only failures pay for this; every subclass takes (phase, message).
+    """
+    return type(err)(err.phase, str(err))
+
+
 class ConnectFailed(UpstreamError):
     """The TCP connection could not be opened (refused, unreachable, timed out)."""
 
@@ -163,7 +177,7 @@ class Exchange(asyncio.Protocol):
         while self.state == _HEAD and self.error is None:
             await self._wait(deadline, UpstreamTimeout("first_byte", "no answer before the first-byte deadline"))
         if self.state == _HEAD and self.error is not None:
-            raise self.error
+            raise _again(self.error)
         return self.status
 
     async def read_chunk(self, idle: float, deadline: float) -> bytes | None:
@@ -179,7 +193,7 @@ class Exchange(asyncio.Protocol):
             if self.state == _DONE:
                 return None
             if self.error is not None:
-                raise self.error
+                raise _again(self.error)
             now = self.loop.time()
             if now + idle < deadline:
                 await self._wait(now + idle, UpstreamTimeout("idle", "replica went silent mid-answer"))
