@@ -281,3 +281,7 @@ class LeaseReply(msgspec.Struct, kw_only=True):
     grants: list[LeaseGrant] = msgspec.field(default_factory=list)
     heartbeat: float = 1.0
     """Call again at least this often while holding slots, or they are reclaimed."""
+    reclaim_after: float = 5.0
+    """Seconds without a call after which the authority takes a gateway's slots back (and may
+    grant them to others): a gateway that has not had an answer for that long no longer
+    starts requests on the slots it holds."""

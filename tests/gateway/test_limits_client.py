@@ -8,7 +8,7 @@ import pytest
 
 from llmgw.control.limits import LimitsAuthority
 from llmgw.gateway.limits import FREE, Denied, Limiter, Unavailable
-from llmgw.wire import KeyEntry, LeaseReply, LeaseRequest, Limits
+from llmgw.wire import KeyEntry, LeaseAsk, LeaseReply, LeaseRequest, Limits
 
 
 def _entry(limits: Limits) -> KeyEntry:
@@ -307,3 +307,51 @@ def test_a_share_renews_ahead_at_the_pace_it_is_used() -> None:
     s.units = 600  # 400 taken in one interval: 600 left lasts 1.5 intervals
     limiter._renew(s, 0.0, False)
     assert s.want_units == 1
+
+
+def test_a_worker_cut_off_past_reclaim_after_gives_its_slots_up() -> None:
+    """A worker whose lease calls go unanswered for nearly `reclaim_after` gives its slots up
+    before the authority grants them to another gateway: a slot freed meanwhile is not used
+    again, a request still running is a debt the next grant covers, and once it is back the
+    limit holds over both gateways. Before, it kept its slots and reported them when back: a
+    concurrency of 3 had 4 slots held."""
+    now = [1000.0]
+    auth = LimitsAuthority(clock=lambda: now[0])
+    down = [False]
+    seen: list[LeaseRequest] = []
+
+    async def lease(req: LeaseRequest) -> LeaseReply:
+        if down[0]:
+            raise ConnectionRefusedError("connection refused")
+        seen.append(req)
+        return await auth.lease(req)
+
+    limiter = Limiter("gw", lease, clock=lambda: now[0], interval=0.01, wait=0.2)
+    entry = _entry(Limits(concurrency=3))
+
+    async def main() -> None:
+        a = await limiter.acquire(entry, None)
+        b = limiter.take(entry, None) or await limiter.acquire(entry, None)
+        a.release(0)  # one slot free, one in use
+        down[0] = True
+        now[0] += auth.reclaim_after - 2 * limiter.interval  # as far as it knows, its slots are gone
+        await asyncio.sleep(0.05)  # a few passes of the loop
+        share = limiter.keys["key_1"]
+        assert share.slots_held == 0 and share.slots_free == -1  # b's slot is a debt
+        assert limiter.take(entry, None) is None  # the slot a freed is not used again
+        assert limiter.in_flight() == 1
+        # The authority takes them back, and grants the whole limit to another gateway.
+        now[0] += 1.0
+        other = auth.lease_now(LeaseRequest(gateway_id="gw2", asks=[LeaseAsk(
+            scope="key:key_1", limits=entry.limits, slots=3)]), now[0])
+        assert other.grants[0].slots == 3
+        down[0] = False
+        with pytest.raises(Denied):  # back: b still runs, and no slot is left for it
+            await limiter.acquire(entry, None)
+        ask = seen[-1].asks[0]
+        assert ask.slots_held == 0 and ask.slots == 2  # one for the request, one for b's debt
+        assert auth.in_flight("key:key_1") == 3
+        b.release(0)
+        assert share.slots_free == 0
+
+    asyncio.run(asyncio.wait_for(_run(limiter, main()), 10))

@@ -8,9 +8,11 @@ Gateways forward a request only against what they leased from here (see
   forwarded in any 60 s <= rpm, whatever the number of gateways. A gateway that
   dies keeps its units counted until they age out: the error only ever refuses.
 - concurrency: slots. Slots held over all gateways <= the limit. A gateway that
-  stops calling for `reclaim_after` seconds loses its slots: the one way past this
-  limit is a gateway cut off from the control plane for longer than that while its
-  requests still run.
+  stops calling for `reclaim_after` seconds loses its slots, and one that has had no
+  answer for about that long gives them up itself (`LeaseReply.reclaim_after` tells it
+  when) and starts no request on them. The one way past this limit is the requests a
+  gateway cut off from the control plane had running then: they run to their end,
+  counted against the slots it is granted after.
 - tpm and budgets: tokens. A request takes its estimate (prompt bytes / 4 +
   max_tokens) from tokens leased like units (counted in the tpm window and the
   period's budget when granted, given back when unused); what a request uses beyond
@@ -191,7 +193,7 @@ class LimitsAuthority:
                 break
             del leases[first]
         grants = [self._one(gw, req.gateway_id, ask, now) for ask in req.asks]
-        return LeaseReply(grants=grants, heartbeat=self.heartbeat)
+        return LeaseReply(grants=grants, heartbeat=self.heartbeat, reclaim_after=self.reclaim_after)
 
     def _scope(self, name: str, limits: Limits) -> _Scope:
         sc = self.scopes.get(name)

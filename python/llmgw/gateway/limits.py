@@ -212,7 +212,10 @@ class Limiter:
         """Key id -> (entry, project limits, their shares) as last worked out: a request of
         the same snapshot's entry skips comparing limits and two dict lookups."""
         self.heartbeat = 1.0
+        self.reclaim_after = 5.0
+        """The authority's: see `_cut_off`."""
         self._last_call = 0.0
+        """When the last lease call that was answered was sent."""
         self._round: asyncio.Future[bool] | None = None
         self._kick = asyncio.Event()
         self.failures = 0
@@ -313,9 +316,16 @@ class Limiter:
             self._kick.clear()
             await self.round_trip()
 
-    def _settle(self, s: Share, now: float, quiet: bool) -> bool:
+    def _cut_off(self, now: float) -> bool:
+        """Whether the authority may have taken this worker's slots back by now: no call of
+        this worker was answered for nearly `reclaim_after` (two passes of the loop short of
+        it, so that they are given up here before the authority grants them to another)."""
+        return now - self._last_call >= self.reclaim_after - 2 * self.interval
+
+    def _settle(self, s: Share, now: float, quiet: bool, cut_off: bool = False) -> bool:
         """Moves what is unused into `back` (all of it when the share is `quiet`: unused for
-        `idle_return`); True when the authority must hear of it."""
+        `idle_return`), and gives its slots up when `cut_off`; True when the authority must
+        hear of it."""
         tell = False
         if s.units and (s.units_until <= now or quiet):
             s.back[s.lease] = s.units
@@ -340,7 +350,15 @@ class Limiter:
                 elif t.balance < 0:
                     s.tok_over -= t.balance
             s.retired = keep
-        if s.slots_free and not s.want_slots and quiet:
+        if cut_off and s.slots_held:
+            # Free slots go, and those in use become a debt that their requests' release pays
+            # back: a slot freed now is not used again, and the slots granted after count the
+            # requests still running. Those are the one way past the limit (the authority
+            # counts them no more); the next answered call reports none held.
+            s.slots_free -= s.slots_held
+            s.slots_held = 0
+            tell = True
+        elif s.slots_free > 0 and not s.want_slots and quiet:
             s.slots_held -= s.slots_free
             s.slots_free = 0
             tell = True
@@ -349,10 +367,11 @@ class Limiter:
     def _collect(self, now: float) -> list[tuple[Share, LeaseAsk]]:
         asks: list[tuple[Share, LeaseAsk]] = []
         heartbeat = now - self._last_call >= self.heartbeat / 2
+        cut_off = self._cut_off(now)
         for d in (self.keys, self.projects):
             for name, s in list(d.items()):
                 quiet = now - s.last_used >= self.idle_return
-                tell = self._settle(s, now, quiet)
+                tell = self._settle(s, now, quiet, cut_off)
                 if (now - s.last_used > FORGET_AFTER and s.tok is None and not s.retired and not (
                         s.slots_held or s.units or s.back or s.tok_over or s.want_units or s.want_slots
                         or s.want_tokens)):
@@ -368,7 +387,10 @@ class Limiter:
                 if s.want_tokens:
                     s.grow_tokens(now)
                 asks.append((s, LeaseAsk(
-                    scope=s.scope, limits=s.limits, slots_held=s.slots_held, slots=s.want_slots,
+                    scope=s.scope, limits=s.limits, slots_held=s.slots_held,
+                    # Requests still running on slots given up while cut off are a debt: a
+                    # slot asked for a waiting request must come on top of it.
+                    slots=s.want_slots + max(-s.slots_free, 0) if s.want_slots else 0,
                     units=max(s.want_units, s.unit_batch) if s.want_units else 0,
                     tokens=s.want_tokens + s.tok_batch if s.want_tokens else 0,
                     back=dict(s.back), tokens_over=s.tok_over,
@@ -425,6 +447,7 @@ class Limiter:
         self.failures = 0
         self._last_call = now
         self.heartbeat = reply.heartbeat
+        self.reclaim_after = reply.reclaim_after
         for (s, ask), g in zip(asks, reply.grants, strict=False):
             s.tok_over -= ask.tokens_over
             for lease in ask.back:
