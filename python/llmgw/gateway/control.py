@@ -30,7 +30,7 @@ from llmgw.config import ControlPlane
 from llmgw.wire import LeaseReply, LeaseRequest, Snapshot, WakeRequest
 
 from .credentials import Credentials
-from .upstream import ConnectionBroken, Pool, UpstreamError
+from .upstream import Pool, UpstreamError, fetch
 from .usage import BatchRejected
 from .wake import WakeRefused
 
@@ -137,30 +137,10 @@ class ControlClient:
                         timeout: float) -> tuple[int, bytes]:
         """One request to one control plane; returns (status, body)."""
         pool = target.pool
-        deadline = self.loop.time() + timeout
         head = (method + b" " + path + b" HTTP/1.1\r\nHost: " + pool.hostport + b"\r\n" + self._auth
                 + b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
-        fresh = False
-        while True:
-            ex = await pool.get(min(2.0, timeout))
-            ex.send(head, body)
-            try:
-                status = await ex.read_head(deadline)
-                parts = []
-                while (chunk := await ex.read_chunk(timeout, deadline)) is not None:
-                    parts.append(chunk)
-            except ConnectionBroken:
-                ex.close()
-                # A kept-alive connection the server closed while idle: once more, fresh.
-                if ex.reused and not ex.got_bytes and not fresh:
-                    fresh = True
-                    continue
-                raise
-            except BaseException:
-                ex.close()
-                raise
-            ex.finish()
-            return status, b"".join(parts)
+        status, _, data = await fetch(pool, head, body, timeout, min(2.0, timeout))
+        return status, data
 
     async def lease(self, req: LeaseRequest) -> LeaseReply:
         """POST /internal/v1/leases."""

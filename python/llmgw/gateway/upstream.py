@@ -38,8 +38,11 @@ def _again(err: UpstreamError) -> UpstreamError:
     then that frame kept whatever else it held, a streamed answer's transport too, which
     granian ends only once it is released: the client got the error event, then waited for
     the end of the answer. Only failures pay for this; every subclass takes (phase, message).
+    The cause (what the connection broke with) goes along: it was stored without a traceback.
     """
-    return type(err)(err.phase, str(err))
+    again = type(err)(err.phase, str(err))
+    again.__cause__ = err.__cause__
+    return again
 
 
 class ConnectFailed(UpstreamError):
@@ -97,14 +100,19 @@ class Exchange(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
-            self._fail(ConnectionBroken("body", f"invalid HTTP from replica: {e}"))
+            err = ConnectionBroken("body", f"invalid HTTP from replica: {e}")
+            # Without its traceback, which holds this frame and so this exchange: a cycle.
+            err.__cause__ = e.with_traceback(None)
+            self._fail(err)
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         if self.state != _DONE:
             why = f"connection lost: {exc}" if exc else "connection closed by replica"
-            self._fail(ConnectionBroken("body" if self.status else "head", why))
+            err = ConnectionBroken("body" if self.status else "head", why)
+            err.__cause__ = None if exc is None else exc.with_traceback(None)  # as in data_received
+            self._fail(err)
 
     # -- httptools callbacks ----------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -287,3 +295,36 @@ class Pool:
         for ex in self.idle:
             ex.close()
         self.idle.clear()
+
+
+async def fetch(pool: Pool, head: bytes, body: bytes, timeout: float,
+                connect_timeout: float) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """One request on a connection of `pool`, its whole answer read: (status, headers with
+    lower-case names, body). The connect must take at most `connect_timeout`, and the
+    answer's last byte come within `timeout` of the call (the connect counts).
+
+    A kept-alive connection the server closed while it sat idle (it broke before a byte of
+    the answer came) is tried once more, on a new connection. Raises UpstreamError; the
+    error a connection broke with, if any, is its `__cause__`.
+    """
+    deadline = pool.loop.time() + timeout
+    fresh = False
+    while True:
+        ex = await pool.get(connect_timeout)
+        ex.send(head, body)
+        try:
+            status = await ex.read_head(deadline)
+            parts = []
+            while (chunk := await ex.read_chunk(timeout, deadline)) is not None:
+                parts.append(chunk)
+        except ConnectionBroken:
+            ex.close()
+            if ex.reused and not ex.got_bytes and not fresh:
+                fresh = True
+                continue
+            raise
+        except BaseException:
+            ex.close()
+            raise
+        ex.finish()
+        return status, ex.headers, b"".join(parts)
