@@ -121,6 +121,20 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
+def pin_group(pgid: int, cpus: set[int]) -> None:
+    """Keeps every thread of process group `pgid` on `cpus` (threads made later inherit it)."""
+    for pid in group_pids(pgid):
+        try:
+            tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+        except OSError:
+            continue  # a process that just ended
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                pass  # a thread that just ended
+
+
 def rss_bytes(pids: list[int]) -> int:
     """Sum of VmRSS over pids (processes that are gone count 0)."""
     total = 0

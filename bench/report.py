@@ -218,10 +218,10 @@ def summary_table(res: Result) -> str:
     head = f"{'target':<14} {'c':>4} {'req/s':>26} {'p50 ms':>22} {'p99 ms':>22}"
     head += f" {'TTFT p50 ms':>22} {'gap ms':>22}" if stream else ""
     head += f" {'CPU':>6} {'RSS MB':>7} {'errors':>6} {'cut':>5}"
-    lines = [
-        f"bench {res.scenario}  {res.date}  {res.machine.nproc} cores  {res.machine.cpu_model}",
-        head,
-    ]
+    lines = [f"bench {res.scenario}  {res.date}  {res.machine.nproc} cores  {res.machine.cpu_model}"]
+    if res.settings.get("pinned"):
+        lines.append(f"pinned: {res.settings['pinned']}")
+    lines.append(head)
     for r in res.summary:
         line = (
             f"{r.target:<14} {r.concurrency:>4} {_spread(r.rps, 0):>26} {_spread(r.p50_ms, 3):>22} "

@@ -9,6 +9,7 @@ last, so every round of every target runs against the same processes.
 from __future__ import annotations
 
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from bench import peers as peers_mod
 from bench.keyed import NAME as KEYED
 from bench.keyed import Keyed
 from bench.load import LoadSpec, run_load
-from bench.procs import Sampler, Server, free_port
+from bench.procs import Sampler, Server, free_port, pin_group
 from bench.report import DIRECT, Round, Row, Target, versions
 from bench.stats import spread
 
@@ -53,6 +54,28 @@ class Stack:
     keyed: Keyed | None = None
     api_keys: dict[str, str] = field(default_factory=lambda: dict(peers_mod.API_KEYS))
     """The bearer token each target wants; others get `bench`."""
+    def pin_layout(self) -> str:
+        """Once started (`--pin`): this process (the load generator) and llmgw-keys' control
+        plane on the first CPU, the upstream and every gateway on the others. Returns the
+        layout in words ('' when there is one CPU: nothing to pin).
+
+        Unpinned, the scheduler moves every thread between the CPUs as it likes, and where it
+        puts llmgw-keys' control plane against the gateway's interpreter thread moved that
+        gateway's cost per request by up to 10 µs from one run to the next (bench/README,
+        twelfth session). Pinned, each gateway has the same CPUs, shared only with the
+        upstream, as a gateway in production is not shared with its control plane.
+        """
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            return ""
+        first, rest = {cpus[0]}, set(cpus[1:])
+        os.sched_setaffinity(0, first)
+        for srv in self.servers.values():
+            pin_group(srv.pid, rest)
+        if self.keyed is not None:
+            pin_group(self.keyed.server.pid, first)
+        return (f"load generator and llmgw-keys' control plane on CPU {cpus[0]}; upstream and "
+                f"gateways on CPUs {','.join(map(str, sorted(rest)))}")
 
     def start(self, with_llmgw: bool = True) -> None:
         """Starts the upstream, then llmgw, then each peer; a peer that fails is recorded, not fatal."""

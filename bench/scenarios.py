@@ -126,6 +126,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="throughput/overhead: the engine simulator (default) or the fixed-answer "
                         "Rust upstream (non-streamed scenarios only), which leaves the CPU to the "
                         "gateways and the load generator")
+    p.add_argument("--pin", action="store_true",
+                   help="keep the load generator and llmgw-keys' control plane on the first CPU, "
+                        "the upstream and the gateways on the others (default: the scheduler "
+                        "places every thread)")
     p.add_argument("--rate", type=float,
                    help="keyed-cost: requests per second to each gateway (default 2500)")
     p.add_argument("--out", help="result path (default bench/results/SCENARIO-DATE.json)")
@@ -161,8 +165,11 @@ def run_scenario(args: argparse.Namespace) -> int:
                          "scenario needs the simulator (--upstream sim)")
     stack = Stack(output_tokens=tokens, peer_names=peer_names, upstream=args.upstream)
     figures: dict[str, float | None] = {}
+    pinned = ""
     try:
         stack.start()
+        if args.pin:
+            pinned = stack.pin_layout()
         live = stack.live()
         if args.scenario == "soak":
             all_rounds = _soak(stack, args.requests, levels[0], figures)
@@ -206,6 +213,7 @@ def run_scenario(args: argparse.Namespace) -> int:
             "gateway_workers": 1,
             "requests": args.requests if args.scenario == "soak" else 0,
             "quick": args.quick,
+            "pinned": pinned,
         },
         targets=stack.targets,
         rounds=all_rounds,

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
 from bench.load import LoadResult, LoadSpec, build_request, content_events, target_path
 from bench.procs import Sampler
 from bench.report import DIRECT, Machine, Result, Round, Row, Target, summary_table, void_check
-from bench.runner import fold, paired_added, paired_rps_ratio, schedule
+from bench.runner import Stack, fold, paired_added, paired_rps_ratio, schedule
 from bench.stats import spread
 
 
@@ -292,3 +296,31 @@ def test_keyed_cost_window_shares_the_rest_of_the_machine_and_charges_the_contro
     # A window that did not hold the rate (or saw errors) voids the run, saying what to do.
     assert _void(w, rate=1000.0, seconds=1.0) == ""
     assert "--rate" in _void(w, rate=2000.0, seconds=1.0)
+
+
+def test_pin_layout_keeps_the_gateways_off_the_load_generators_cpu(tmp_path: Path) -> None:
+    """`--pin`: this process (the load generator) on the first CPU, every thread of every
+    server on the others; on one CPU nothing is pinned."""
+    cpus = sorted(os.sched_getaffinity(0))
+    server = subprocess.Popen(
+        [sys.executable, "-c", ("import threading, time\n"
+                                "threading.Thread(target=time.sleep, args=(20,)).start()\ntime.sleep(20)")],
+        start_new_session=True)
+    try:
+        while len(os.listdir(f"/proc/{server.pid}/task")) < 2:  # its second thread started
+            time.sleep(0.01)
+        stack = Stack(workdir=tmp_path)
+        stack.servers["llmgw"] = SimpleNamespace(pid=server.pid)  # type: ignore[assignment]
+        said = stack.pin_layout()
+        if len(cpus) < 2:
+            assert said == ""
+            return
+        assert os.sched_getaffinity(0) == {cpus[0]}
+        threads = [int(t) for t in os.listdir(f"/proc/{server.pid}/task")]
+        assert len(threads) == 2
+        assert all(os.sched_getaffinity(t) == set(cpus[1:]) for t in threads)
+        assert said.startswith(f"load generator and llmgw-keys' control plane on CPU {cpus[0]};")
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+        server.kill()
+        server.wait()
