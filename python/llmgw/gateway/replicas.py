@@ -28,6 +28,7 @@ from llmgw.wire import ReplicaEntry
 from .engine_load import parse_engine_load
 from .fleet import diff_replicas
 from .upstream import Pool, UpstreamError
+from .upstream import fetch as fetch_whole
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -233,20 +234,10 @@ class ReplicaSet:
 
 async def fetch(pool: Pool, path: bytes, timeout: float) -> tuple[int, bytes] | None:
     """GET a path on a replica over its pool; (status, body), or None when it fails."""
-    deadline = pool.loop.time() + timeout
+    head = (b"GET " + path + b" HTTP/1.1\r\nHost: " + pool.hostport + b"\r\n" + pool.auth
+            + b"User-Agent: llmgw-probe\r\n\r\n")
     try:
-        ex = await pool.get(timeout)
+        status, _, body = await fetch_whole(pool, head, b"", timeout, timeout)
     except UpstreamError:
         return None
-    try:
-        ex.send(b"GET " + path + b" HTTP/1.1\r\nHost: " + pool.hostport + b"\r\n" + pool.auth
-                + b"User-Agent: llmgw-probe\r\n\r\n", b"")
-        status = await ex.read_head(deadline)
-        parts = []
-        while (chunk := await ex.read_chunk(timeout, deadline)) is not None:
-            parts.append(chunk)
-    except UpstreamError:
-        ex.close()
-        return None
-    ex.finish()
-    return status, b"".join(parts)
+    return status, body
