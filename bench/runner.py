@@ -54,6 +54,7 @@ class Stack:
     keyed: Keyed | None = None
     api_keys: dict[str, str] = field(default_factory=lambda: dict(peers_mod.API_KEYS))
     """The bearer token each target wants; others get `bench`."""
+
     def pin_layout(self) -> str:
         """Once started (`--pin`): this process (the load generator) and llmgw-keys' control
         plane on the first CPU, the upstream and every gateway on the others. Returns the

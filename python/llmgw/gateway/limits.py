@@ -322,7 +322,7 @@ class Limiter:
         it, so that they are given up here before the authority grants them to another)."""
         return now - self._last_call >= self.reclaim_after - 2 * self.interval
 
-    def _settle(self, s: Share, now: float, quiet: bool, cut_off: bool = False) -> bool:
+    def _settle(self, s: Share, now: float, quiet: bool, cut_off: bool) -> bool:
         """Moves what is unused into `back` (all of it when the share is `quiet`: unused for
         `idle_return`), and gives its slots up when `cut_off`; True when the authority must
         hear of it."""

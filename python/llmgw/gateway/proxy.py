@@ -298,9 +298,8 @@ class Proxy:
                 )) from None
             except ConnectionBroken as e:
                 ex.close()
-                # A kept-alive connection the replica closed while idle: not the
-                # replica's fault, and nothing was processed; once more, fresh.
-                if ex.reused and not ex.got_bytes and fresh_tries == 0:
+                # Not the replica's fault, and nothing was processed: once more, fresh.
+                if ex.closed_while_idle and fresh_tries == 0:
                     fresh_tries += 1
                     continue
                 self.replicas.failed(r, str(e))

@@ -27,8 +27,7 @@ from llmgw.wire import ReplicaEntry
 
 from .engine_load import parse_engine_load
 from .fleet import diff_replicas
-from .upstream import Pool, UpstreamError
-from .upstream import fetch as fetch_whole
+from .upstream import Pool, UpstreamError, fetch
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -189,7 +188,7 @@ class ReplicaSet:
             await asyncio.sleep(self.health.probe_interval)
 
     async def _probe(self, r: Replica) -> None:
-        got = await fetch(r.pool, b"/health", self.health.probe_timeout)
+        got = await _probe_get(r.pool, b"/health", self.health.probe_timeout)
         ok = got is not None and 200 <= got[0] < 300
         if ok and self.scrape_load:
             await self._scrape(r)
@@ -206,7 +205,7 @@ class ReplicaSet:
 
     async def _scrape(self, r: Replica) -> None:
         """Reads the engine's queue and cache use for the policies that weigh them."""
-        got = await fetch(r.pool, b"/metrics", self.health.probe_timeout)
+        got = await _probe_get(r.pool, b"/metrics", self.health.probe_timeout)
         if got is None or got[0] != 200 or r.index < 0:
             return
         load = parse_engine_load(got[1].decode("utf-8", "replace"))
@@ -232,12 +231,12 @@ class ReplicaSet:
             r.pool.close()
 
 
-async def fetch(pool: Pool, path: bytes, timeout: float) -> tuple[int, bytes] | None:
+async def _probe_get(pool: Pool, path: bytes, timeout: float) -> tuple[int, bytes] | None:
     """GET a path on a replica over its pool; (status, body), or None when it fails."""
     head = (b"GET " + path + b" HTTP/1.1\r\nHost: " + pool.hostport + b"\r\n" + pool.auth
             + b"User-Agent: llmgw-probe\r\n\r\n")
     try:
-        status, _, body = await fetch_whole(pool, head, b"", timeout, timeout)
+        status, _, body = await fetch(pool, head, b"", timeout, timeout)
     except UpstreamError:
         return None
     return status, body

@@ -90,6 +90,13 @@ class Exchange(asyncio.Protocol):
         self.got_bytes = False
         self.keep_alive = False
 
+    @property
+    def closed_while_idle(self) -> bool:
+        """Whether a broken exchange was a kept-alive connection the server had closed while
+        it sat idle: nothing of the answer came, so nothing was processed, and the request
+        may go once more on a new connection (what `fetch` and the proxy do)."""
+        return self.reused and not self.got_bytes
+
     # -- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses; they quack alike.
@@ -319,7 +326,7 @@ async def fetch(pool: Pool, head: bytes, body: bytes, timeout: float,
                 parts.append(chunk)
         except ConnectionBroken:
             ex.close()
-            if ex.reused and not ex.got_bytes and not fresh:
+            if ex.closed_while_idle and not fresh:
                 fresh = True
                 continue
             raise
