@@ -16,13 +16,13 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Self
+from typing import NamedTuple, Self
 
 from tests.procs import free_port, spawn
 
 __all__ = ["Sampler", "Server", "cpu_seconds", "free_port", "group_pids", "http_ok", "rss_bytes"]
 
-_TICK = os.sysconf("SC_CLK_TCK")
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 class Server:
@@ -159,7 +159,7 @@ def cpu_seconds(pids: list[int]) -> float:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
-    return total / _TICK
+    return total / TICK
 
 
 def thread_cpu(pids: list[int]) -> dict[int, int]:
@@ -178,6 +178,38 @@ def thread_cpu(pids: list[int]) -> dict[int, int]:
     return out
 
 
+class ThreadTimes(NamedTuple):
+    """What the kernel counted for one thread so far (schedstat, stat and status)."""
+
+    run_ns: int
+    """Time it ran."""
+    wait_ns: int
+    """Time it was runnable but waited for a CPU (on a run queue)."""
+    sys_ticks: int
+    """Time it ran in the kernel, in clock ticks."""
+    user_ticks: int
+    voluntary: int
+    """Context switches it asked for (it waited for something: epoll, a lock, a futex)."""
+    involuntary: int
+    """Context switches the scheduler imposed (another task took its CPU)."""
+
+
+def thread_times(pid: int, tid: int) -> ThreadTimes | None:
+    """One thread's counters, or None once it ended."""
+    base = Path(f"/proc/{pid}/task/{tid}")
+    try:
+        run, wait, *_ = (base / "schedstat").read_text().split()
+        stat = (base / "stat").read_text()
+        status = (base / "status").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    switches = {k: int(v) for k, _, v in (line.partition(":\t") for line in status.splitlines())
+                if k in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")}
+    return ThreadTimes(int(run), int(wait), int(fields[12]), int(fields[11]),
+                       switches.get("voluntary_ctxt_switches", 0), switches.get("nonvoluntary_ctxt_switches", 0))
+
+
 def group_cpu_ns(pgid: int) -> int:
     """Nanoseconds every thread of process group `pgid` has run so far (schedstat)."""
     return sum(thread_cpu(group_pids(pgid)).values())
@@ -192,7 +224,7 @@ class Sampler:
     how the two cores are shared (a comparison of two gateways' code reads it first).
     """
 
-    def __init__(self, pgid: int, every: float = 0.25) -> None:
+    def __init__(self, pgid: int, every: float = 0.25, *, detail: bool = False) -> None:
         self.pids = group_pids(pgid)
         self.every = every
         self.samples: list[int] = []
@@ -203,6 +235,11 @@ class Sampler:
         self._t0 = 0.0
         self._c0 = 0.0
         self._threads: dict[int, int] = {}
+        self.detail = detail
+        self._busiest_before: dict[int, ThreadTimes] | None = None
+        self.busiest_delta: ThreadTimes | None = None
+        """With `detail`: what the kernel counted for the busiest thread over the span (its
+        waits for a CPU, kernel time and context switches), to tell a slow round's cause."""
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
@@ -210,6 +247,8 @@ class Sampler:
 
     def __enter__(self) -> Self:
         self._t0, self._c0 = time.perf_counter(), cpu_seconds(self.pids)
+        if self.detail:
+            self._mark_threads()
         self._threads = thread_cpu(self.pids)
         self.samples.append(rss_bytes(self.pids))
         self._thread.start()
@@ -222,9 +261,27 @@ class Sampler:
         wall = time.perf_counter() - self._t0
         self.cpu = (cpu_seconds(self.pids) - self._c0) / wall if wall > 0 else 0.0
         # Read after the wall time stops: the spans the threads are read over lie within it.
-        ran = [ns - self._threads.get(tid, 0) for tid, ns in thread_cpu(self.pids).items()]
+        ran = {tid: ns - self._threads.get(tid, 0) for tid, ns in thread_cpu(self.pids).items()}
         wall = time.perf_counter() - self._t0
-        self.busiest = max(ran, default=0) / 1e9 / wall if wall > 0 else 0.0
+        self.busiest = max(ran.values(), default=0) / 1e9 / wall if wall > 0 else 0.0
+        if ran and self._busiest_before is not None:
+            tid = max(ran, key=ran.__getitem__)
+            after = next((t for pid in self.pids if (t := thread_times(pid, tid)) is not None), None)
+            before = self._busiest_before.get(tid)
+            if after is not None and before is not None:
+                self.busiest_delta = ThreadTimes(*(a - b for a, b in zip(after, before, strict=True)))
+
+    def _mark_threads(self) -> None:
+        """Every thread's counters at the start, so that the busiest one's can be told at the end."""
+        self._busiest_before = {}
+        for pid in self.pids:
+            try:
+                tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+            except OSError:
+                continue
+            for tid in tids:
+                if (t := thread_times(pid, tid)) is not None:
+                    self._busiest_before[tid] = t
 
     @property
     def rss_max_mb(self) -> float:

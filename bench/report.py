@@ -53,6 +53,9 @@ class Round(msgspec.Struct, kw_only=True):
     upstream_cpu: float | None
     server_busiest: float | None = None
     """Cores used by the target's busiest thread (None: direct, or a result from before it)."""
+    server_busiest_kernel: dict[str, int] | None = None
+    """What the kernel counted for that thread over the round (`bench.procs.ThreadTimes`:
+    run_ns, wait_ns, sys_ticks, user_ticks, voluntary, involuntary); None where not read."""
 
 
 class Row(msgspec.Struct, kw_only=True):

@@ -234,7 +234,7 @@ def run_rounds(
             warm = {**_asdict(spec), "duration": warmup_s, "concurrency": min(c, 8), "grace": 1.0}
             uvloop.run(run_load(LoadSpec(**warm)))
         watched = name != DIRECT
-        with Sampler(srv.pid) as s_gw, Sampler(up.pid) as s_up:
+        with Sampler(srv.pid, detail=watched) as s_gw, Sampler(up.pid) as s_up:
             res = uvloop.run(run_load(spec))
         out.append(
             Round(
@@ -247,6 +247,7 @@ def run_rounds(
                 server_rss_mb=s_gw.rss_max_mb if watched else None,
                 upstream_cpu=s_up.cpu,
                 server_busiest=s_gw.busiest if watched else None,
+                server_busiest_kernel=None if s_gw.busiest_delta is None else s_gw.busiest_delta._asdict(),
             )
         )
         errs = sum(res.errors.values())

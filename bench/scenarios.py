@@ -29,7 +29,7 @@ import uvloop
 
 from bench.keyed import NAME as KEYED
 from bench.load import LoadSpec, run_load
-from bench.procs import Sampler, group_pids, rss_bytes
+from bench.procs import TICK, Sampler, group_pids, rss_bytes
 from bench.report import (
     DIRECT,
     Result,
@@ -268,6 +268,17 @@ def _figures(
                            and r.result.rps > 0]
                     if per:
                         out[f"{g.replace('-', '_')}_{figure}_c{lvl}"] = statistics.median(per)
+                # What the kernel says of that thread, per request (medians over rounds): time
+                # it waited for a CPU, time in the kernel, and context switches, voluntary
+                # (it had nothing to do) and imposed; a slow round's cause is among these.
+                kern = [(r.server_busiest_kernel, r.result.ok) for r in rounds
+                        if r.target == g and r.concurrency == lvl and r.server_busiest_kernel and r.result.ok]
+                for key, figure, scale in (("wait_ns", "wait_us", 1e-3), ("sys_ticks", "sys_us", 1e6 / TICK),
+                                           ("voluntary", "voluntary_per_kreq", 1e3),
+                                           ("involuntary", "involuntary_per_kreq", 1e3)):
+                    if kern:
+                        out[f"{g.replace('-', '_')}_busiest_{figure}_c{lvl}"] = statistics.median(
+                            k[key] * scale / ok for k, ok in kern)
             k = by.get((KEYED, lvl))
             if a and k and a.rps["median"] > 0:
                 # Issue 5: keys, limits and usage on cost at most 10% (rps ratio >= 0.9).

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import msgspec
 import pytest
 from bench.load import LoadResult, LoadSpec, build_request, content_events, target_path
-from bench.procs import Sampler
+from bench.procs import TICK, Sampler
 from bench.report import DIRECT, Machine, Result, Round, Row, Target, summary_table, void_check
 from bench.runner import Stack, fold, paired_added, paired_rps_ratio, schedule
 from bench.stats import spread
@@ -258,8 +260,9 @@ def test_content_events_counts_only_content_and_keeps_partial_events() -> None:
     assert content_events(buf) == (0, True)
 
 
-def test_sampler_measures_the_busiest_thread() -> None:
-    """A thread spinning through the round reads as most of a core; the group's CPU includes it."""
+@contextlib.contextmanager
+def _spinning() -> Iterator[None]:
+    """A thread that spins (never waits) for as long as the block runs."""
     stop = threading.Event()
 
     def spin() -> None:
@@ -269,13 +272,33 @@ def test_sampler_measures_the_busiest_thread() -> None:
     t = threading.Thread(target=spin)
     t.start()
     try:
-        with Sampler(os.getpgid(0)) as s:
-            time.sleep(0.4)
+        yield
     finally:
         stop.set()
         t.join()
+
+
+def test_sampler_measures_the_busiest_thread() -> None:
+    """A thread spinning through the round reads as most of a core; the group's CPU includes it."""
+    with _spinning(), Sampler(os.getpgid(0)) as s:
+        time.sleep(0.4)
     assert 0.3 <= s.busiest <= 1.05
     assert s.cpu >= s.busiest - 0.1
+    assert s.busiest_delta is None  # read only when asked for
+
+
+def test_sampler_detail_reads_the_busiest_threads_kernel_counters() -> None:
+    """With `detail`, the spinning thread's counters: it ran most of the span, in user space,
+    and its clock ticks agree with its run time."""
+    with _spinning(), Sampler(os.getpgid(0), detail=True) as s:
+        time.sleep(0.5)
+    d = s.busiest_delta
+    assert d is not None
+    assert d.run_ns >= 0.3e9
+    assert d.user_ticks > d.sys_ticks
+    ticked = (d.user_ticks + d.sys_ticks) * 1e9 / TICK
+    assert abs(ticked - d.run_ns) <= 0.3 * d.run_ns + 2e9 / TICK
+    assert min(d.wait_ns, d.voluntary, d.involuntary) >= 0
 
 
 def test_keyed_cost_window_shares_the_rest_of_the_machine_and_charges_the_control_plane_to_keyed() -> None:
