@@ -265,14 +265,29 @@ class UsageRows:
     oldest first, waiting for the next post to the control plane."""
 
     def __new__(cls) -> Self: ...
-    def add(self, request_id: str, model: str, upstream_model: str, replica: str | None, status: str,
-            http_status: int, stream: bool, prompt_tokens: int, completion_tokens: int,
-            usage_estimated: bool, ttft_s: float | None, duration_s: float, finish_reason: str | None,
-            retries: int, started_at: float, route: str | None, key_id: str | None, user_id: str | None,
-            project_id: str | None, team_id: str | None, org_id: str | None) -> None:
-        """Appends the row of one finished request without kept bodies. `ttft_s` and
-        `duration_s` are seconds, written as milliseconds to the microsecond; `route` is the
-        router's JSON, written as is."""
+    dropped: int
+    """Records not queued because `max_pending` were waiting (the sink logs and resets it)."""
+
+    def track(self, opens: dict[str, Any], last_used: dict[str, float], max_pending: int) -> None:
+        """Keeps `opens` and `last_used` (the sink's dicts) as requests end, and counts records
+        past `max_pending` (rows waiting plus opens) as dropped."""
+
+    @property
+    def max_pending(self) -> int:
+        """The bound set by `track` (0: none)."""
+
+    def ending(self, request_id: str, key_id: str | None, started_at: float) -> bool:
+        """A request ended and its record is about to be queued: its open is taken out and its
+        key's use noted; False when too many records wait (it is dropped, and counted)."""
+
+    def finish(self, request_id: str, model: str, upstream_model: str, replica: str | None, status: str,
+               http_status: int, stream: bool, prompt_tokens: int, completion_tokens: int,
+               usage_estimated: bool, ttft_s: float | None, duration_s: float, finish_reason: str | None,
+               retries: int, started_at: float, route: str | None, key_id: str | None, user_id: str | None,
+               project_id: str | None, team_id: str | None, org_id: str | None) -> bool:
+        """A request without kept bodies ended: `ending`, then its row appended unless it was
+        dropped (False); without `track`, only the row. `ttft_s` and `duration_s` are seconds,
+        written as milliseconds to the microsecond; `route` is the router's JSON, written as is."""
 
     def push(self, row: bytes) -> None:
         """Appends one record encoded elsewhere (one JSON value: a UsageRow with kept bodies,

@@ -42,7 +42,7 @@ def _python_row(args: tuple[object, ...]) -> UsageRow:
 def _native(*rows: tuple[object, ...]) -> _core.UsageRows:
     out = _core.UsageRows()
     for args in rows:
-        out.add(*args)  # type: ignore[arg-type]
+        out.finish(*args)  # type: ignore[arg-type]
     return out
 
 
@@ -88,3 +88,29 @@ def test_a_batch_of_native_rows_decodes_as_a_usage_batch() -> None:
                                           key_last_used={"key_1": 1.0}))
     batch = msgspec.json.decode(body, type=UsageBatch)
     assert [r.request_id for r in batch.ended()] == ["a", "b"] and batch.key_last_used == {"key_1": 1.0}
+
+
+def test_finish_keeps_the_sinks_account_as_each_request_ends() -> None:
+    """Tracked, `finish` takes the request's open out, notes its key's use and queues its row,
+    or, with `max_pending` records waiting (rows and opens), drops it and counts it."""
+    opens: dict[str, object] = {"r1": object(), "long": object()}
+    last_used: dict[str, float] = {}
+    rows = _core.UsageRows()
+    rows.track(opens, last_used, 3)
+    assert rows.max_pending == 3
+    assert rows.finish(*_args("r1")) is True
+    assert list(opens) == ["long"] and last_used == {"key_1": 1_764_000_000.123456}
+    assert rows.finish(*_args("r2", key=None)) is True  # 1 row + 1 open waited: room for one more
+    assert rows.finish(*_args("r3")) is False  # 2 rows + 1 open: full
+    assert rows.dropped == 1 and len(rows) == 2
+    assert [r.request_id for r in _ROWS.decode(rows.head(9))] == ["r1", "r2"]
+    assert rows.ending("long", None, 0.0) is True and not opens  # its open frees its place first
+    rows.dropped = 0
+    assert rows.dropped == 0
+
+
+def test_untracked_rows_only_queue() -> None:
+    rows = _core.UsageRows()
+    assert rows.max_pending == 0
+    assert rows.finish(*_args("r1")) is True and rows.ending("r1", "key_1", 1.0) is True
+    assert len(rows) == 1 and rows.dropped == 0

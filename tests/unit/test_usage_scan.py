@@ -123,7 +123,7 @@ def test_what_the_scan_takes_msgspec_takes_the_same(rec: UsageRow, at: int, toke
 def test_what_a_gateway_posts_is_read_natively() -> None:
     native = _core.UsageRows()
     for i in range(3):
-        native.add(f"r{i}", "m", "up", "rep", "ok" if i else "timeout", 200, bool(i), 10 * i, i, False,
+        native.finish(f"r{i}", "m", "up", "rep", "ok" if i else "timeout", 200, bool(i), 10 * i, i, False,
                    None if i else 0.0123, 1.5, "stop", 0, 1_764_000_000.0 + i * 1800,
                    '{"policy":"kv","candidates":[{"index":0,"load":3}]}', "key_1", None, "proj", "team", "org")
     opens = [UsageOpen(request_id="r9", model="m", started_at=1.0, prompt_estimate=3)]

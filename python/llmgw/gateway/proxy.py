@@ -439,12 +439,12 @@ class Proxy:
             key_id, user_id, project_id, team_id, org_id = e.key_id, e.user_id, e.project_id, e.team_id, e.org_id
         if rows is not None and call.keep is None:
             # Records only for the control plane, without bodies: the row is written natively
-            # now, in UsageRow's field order, with the durations rounded as `_millis` does.
-            if usage.ending(call.rid, key_id, call.started_at):
-                rows.add(call.rid, call.model, call.target, call.replica, call.status, call.http_status,
-                         call.stream, call.prompt, call.completion, call.estimated, call.ttft, duration,
-                         call.finish, call.retries, call.started_at, call.route,
-                         key_id, user_id, project_id, team_id, org_id)
+            # now, in UsageRow's field order, with the durations rounded as `_millis` does,
+            # in the call that does what `usage.ending` does.
+            rows.finish(call.rid, call.model, call.target, call.replica, call.status, call.http_status,
+                        call.stream, call.prompt, call.completion, call.estimated, call.ttft, duration,
+                        call.finish, call.retries, call.started_at, call.route,
+                        key_id, user_id, project_id, team_id, org_id)
             return
         if not usage.enabled:
             return  # no usage log and no control plane: building the record would be waste

@@ -14,7 +14,8 @@ settled by the control plane as `interrupted`).
 Finished requests wait for a post encoded, in one native buffer (`_core.UsageRows`), and
 a post takes the head of it as bytes: no record object is kept between posts and nothing
 is encoded in a burst when a post leaves. When records go only to the control plane
-("rows mode") each is a JSON row, which the proxy writes natively as the request ends.
+("rows mode") each is a JSON row, which the proxy writes natively as the request ends
+(`rows.finish`, which also does what `ending` does, in the same call).
 """
 
 from __future__ import annotations
@@ -96,14 +97,15 @@ class UsageSink:
         a request's row natively as it ends; None otherwise."""
         self._settle_record_type()
         self.gateway_id = gateway_id
-        self.max_pending = max_pending
         self.pending: list[UsageRecord] = []
         self.opens: dict[str, Opening] = {}
         """Request id -> its open, until sent. A request that ends first takes its open out
         (its final says everything the open did): short requests cost one record, not two,
         and never build their open."""
         self.last_used: dict[str, float] = {}
-        self.dropped = 0
+        # The queue keeps both as requests end (`ending`, and the proxy's `rows.finish`),
+        # in the call that queues the row.
+        self.queue.track(self.opens, self.last_used, max_pending)
         self.failures = 0
         self._task: asyncio.Task[None] | None = None
         self._encoder = msgspec.json.Encoder()
@@ -126,18 +128,27 @@ class UsageSink:
         """The request ids of finished requests not posted yet, oldest first."""
         return [r.request_id for r in self._queued(len(self.queue))]
 
+    @property
+    def max_pending(self) -> int:
+        """Records (finished and open) that may wait for the control plane; past it new ones
+        are dropped and counted."""
+        return self.queue.max_pending
+
+    @property
+    def dropped(self) -> int:
+        """Records dropped since the last post logged it."""
+        return self.queue.dropped
+
+    @dropped.setter
+    def dropped(self, n: int) -> None:
+        self.queue.dropped = n
+
     def ending(self, rid: str, key_id: str | None, started_at: float) -> bool:
-        """A request ended and its record is about to be queued (`record`, or the proxy
-        writing its row into `rows`): its open is taken out (the final says everything the
-        open did, and frees the open's place first) and its key's use noted; False when too
-        many records wait (it is dropped, counted)."""
-        self.opens.pop(rid, None)
-        if len(self.queue) + len(self.opens) >= self.max_pending:
-            self.dropped += 1
-            return False
-        if key_id is not None:
-            self.last_used[key_id] = started_at
-        return True
+        """A request ended and its record is about to be queued (`record`; the proxy's
+        `rows.finish` does the same as it writes the row): its open is taken out (the final
+        says everything the open did, and frees the open's place first) and its key's use
+        noted; False when too many records wait (it is dropped, counted)."""
+        return self.queue.ending(rid, key_id, started_at)
 
     @property
     def enabled(self) -> bool:

@@ -6,15 +6,31 @@
 
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use crate::usage::{Row, Rows};
 
 /// Usage rows waiting for the next post to the control plane, oldest first.
+///
+/// With `track`, it also keeps the sink's account of requests as they end (`ending`):
+/// the open a request no longer needs, its key's last use, and the bound on what waits.
 #[pyclass(module = "llmgw._core", name = "UsageRows")]
 #[derive(Default)]
 pub struct UsageRows {
     rows: Rows,
+    tracked: Option<Tracked>,
+    /// Records not queued because `max_pending` were waiting (the sink logs and resets it).
+    #[pyo3(get, set)]
+    dropped: u64,
+}
+
+/// The sink's dicts that `ending` keeps up to date.
+struct Tracked {
+    /// Request id -> its open, until sent.
+    opens: Py<PyDict>,
+    /// Key id -> when its latest request started.
+    last_used: Py<PyDict>,
+    max_pending: usize,
 }
 
 #[pymethods]
@@ -24,15 +40,60 @@ impl UsageRows {
         Self::default()
     }
 
-    /// Appends the row of one finished request (no kept bodies); durations in seconds.
+    /// Keeps `opens` and `last_used` (the sink's dicts) as requests end, and counts
+    /// records past `max_pending` (rows waiting plus opens) as dropped.
+    fn track(&mut self, opens: Bound<'_, PyDict>, last_used: Bound<'_, PyDict>, max_pending: usize) {
+        self.tracked = Some(Tracked {
+            opens: opens.unbind(),
+            last_used: last_used.unbind(),
+            max_pending,
+        });
+    }
+
+    /// The bound set by `track` (0: none).
+    #[getter]
+    fn max_pending(&self) -> usize {
+        self.tracked.as_ref().map_or(0, |t| t.max_pending)
+    }
+
+    /// A request ended and its record is about to be queued: its open is taken out (its
+    /// final says everything the open did, and frees the open's place first) and its
+    /// key's use noted; False when too many records wait (it is dropped, and counted).
+    fn ending(
+        &mut self,
+        request_id: &Bound<'_, PyString>,
+        key_id: Option<&Bound<'_, PyString>>,
+        started_at: f64,
+    ) -> PyResult<bool> {
+        let Some(t) = &self.tracked else {
+            return Ok(true);
+        };
+        let py = request_id.py();
+        let opens = t.opens.bind(py);
+        // Only requests still running after a while have an open: most find none.
+        if !opens.is_empty() && opens.contains(request_id)? {
+            opens.del_item(request_id)?;
+        }
+        if self.rows.len() + opens.len() >= t.max_pending {
+            self.dropped += 1;
+            return Ok(false);
+        }
+        if let Some(key) = key_id {
+            t.last_used.bind(py).set_item(key, started_at)?;
+        }
+        Ok(true)
+    }
+
+    /// A request without kept bodies ended: `ending`, then its row appended unless it
+    /// was dropped (False). Durations in seconds. Without `track`, only the row.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (request_id, model, upstream_model, replica, status, http_status, stream,
                         prompt_tokens, completion_tokens, usage_estimated, ttft_s, duration_s,
                         finish_reason, retries, started_at, route, key_id, user_id, project_id,
                         team_id, org_id))]
-    fn add(
+    fn finish(
         &mut self,
-        request_id: &str,
+        request_id: &Bound<'_, PyString>,
         model: &str,
         upstream_model: &str,
         replica: Option<&str>,
@@ -48,14 +109,17 @@ impl UsageRows {
         retries: i64,
         started_at: f64,
         route: Option<&str>,
-        key_id: Option<&str>,
+        key_id: Option<&Bound<'_, PyString>>,
         user_id: Option<&str>,
         project_id: Option<&str>,
         team_id: Option<&str>,
         org_id: Option<&str>,
-    ) {
+    ) -> PyResult<bool> {
+        if !self.ending(request_id, key_id, started_at)? {
+            return Ok(false);
+        }
         self.rows.add(&Row {
-            request_id,
+            request_id: request_id.to_str()?,
             model,
             upstream_model,
             replica,
@@ -71,12 +135,13 @@ impl UsageRows {
             retries,
             started_at,
             route,
-            key_id,
+            key_id: key_id.map(|k| k.to_str()).transpose()?,
             user_id,
             project_id,
             team_id,
             org_id,
         });
+        Ok(true)
     }
 
     /// Appends one record encoded elsewhere (one JSON value: a `UsageRow` with kept bodies,
