@@ -1,7 +1,8 @@
 """`python -m bench run auth`: what API keys and limits add to one request, in process.
 
-Times the gateway's own request-path code, nothing else: `KeyTable.resolve` (parse
-the Authorization header, keyed hash, dict lookup among 10,000 keys, expiry) and
+Times the gateway's own request-path code, nothing else: the key's lookup as the gateway
+makes it (`KeyIndex.get_live`: the Authorization header after `Bearer `, keyed hash, lookup
+among 10,000 keys, expiry) and
 `Limiter.take` + `Ticket.release` for a key with rpm, concurrency and tpm limits in
 a project with a budget, with the worker's shares already leased (the steady state:
 a lease call happens once per batch of units, off this path for every other request).
@@ -25,7 +26,7 @@ import msgspec
 from bench.report import Result, Target, git_state, machine_facts, now_iso, today
 from bench.runner import ROOT
 from llmgw.control.limits import LimitsAuthority
-from llmgw.gateway.auth import KeyTable
+from llmgw.gateway.auth import SCHEME, KeyTable
 from llmgw.gateway.limits import Limiter
 from llmgw.secrets import HASH_LABEL, derive, key_hash
 from llmgw.wire import KeyEntry, Limits, Snapshot
@@ -86,10 +87,10 @@ def measure(rounds: int, n: int) -> dict[str, list[float]]:
     asyncio.run(prime())
 
     def resolve() -> object:
-        return table.resolve(header, "")
+        return table.keys.get_live(header, SCHEME)
 
     def resolve_and_limit() -> object:
-        e = table.resolve(header, "")
+        e = table.keys.get_live(header, SCHEME)
         t = limiter.take(e, table.projects.get(e.project_id), 300)
         assert t is not None
         t.release(120)

@@ -199,6 +199,10 @@ class KeyIndex:
         """The object of the key `header` carries after `scheme` (`Bearer `), or None when
         the header does not start with it or the key matches no hash."""
 
+    def get_live(self, header: str, scheme: str) -> Any | None:
+        """As `get_after`, but only for an object whose `expires_at` (seconds since the epoch,
+        or None) has not passed by the wall clock; None sends the caller to its slower path."""
+
     def __len__(self) -> int: ...
     @property
     def skipped(self) -> int:

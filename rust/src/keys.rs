@@ -3,15 +3,18 @@
 //!
 //! The hash is `BLAKE2b-256` in its keyed mode, exactly `hashlib.blake2b(key,
 //! key=hash_key, digest_size=32)` (`llmgw.secrets.key_hash`), so the control plane's
-//! stored hashes are looked up as they are. The state after the hash key's block is
-//! made once per table and cloned per lookup.
+//! stored hashes are looked up as they are. Keyed `BLAKE2b` compresses the hash key,
+//! padded to a block, before the message: that block is compressed once per table, and
+//! a lookup copies the state after it and compresses only the key's own block. (The
+//! `Blake2bMac` wrapper keeps the hash key's block buffered until the message comes,
+//! so it compressed both on every lookup.)
 
 use std::collections::HashMap;
 use std::fmt;
 
-use blake2::digest::consts::U32;
-use blake2::digest::{KeyInit, Mac};
-use blake2::Blake2bMac;
+use blake2::digest::core_api::{Block, Buffer, UpdateCore, VariableOutputCore};
+use blake2::digest::Output;
+use blake2::Blake2bVarCore;
 
 /// A keyed hash: 32 bytes.
 pub type KeyHash = [u8; 32];
@@ -28,10 +31,20 @@ impl fmt::Display for HashKeyLength {
 
 /// Keyed hashes of API keys -> `V`.
 pub struct KeyTable<V> {
-    keyed: Blake2bMac<U32>,
-    by_hash: HashMap<KeyHash, V>,
+    /// BLAKE2b-256's state once the hash key's block is compressed.
+    keyed: Blake2bVarCore,
+    /// Its state before, and the hash key's block: for an empty message, where that block
+    /// is the last and is compressed as such.
+    unkeyed: Blake2bVarCore,
+    key_block: Option<Block<Blake2bVarCore>>,
+    /// `aHash` rather than `SipHash`: its keys are keyed hashes already, which no client can
+    /// aim at a bucket without the hash key.
+    by_hash: HashMap<KeyHash, V, ahash::RandomState>,
     skipped: usize,
 }
+
+/// The longest hash key `BLAKE2b` takes (its parameter block has room for 64 bytes).
+const MAX_HASH_KEY: usize = 64;
 
 impl<V> KeyTable<V> {
     /// A table of `(hex hash, value)` pairs under `hash_key`. A pair whose hash is not 64
@@ -44,9 +57,18 @@ impl<V> KeyTable<V> {
         hash_key: &[u8],
         entries: impl IntoIterator<Item = (String, V)>,
     ) -> Result<Self, HashKeyLength> {
-        let keyed = <Blake2bMac<U32> as KeyInit>::new_from_slice(hash_key)
-            .map_err(|_| HashKeyLength(hash_key.len()))?;
-        let mut by_hash = HashMap::new();
+        if hash_key.len() > MAX_HASH_KEY {
+            return Err(HashKeyLength(hash_key.len()));
+        }
+        let unkeyed = Blake2bVarCore::new_with_params(&[], &[], hash_key.len(), 32);
+        let mut keyed = unkeyed.clone();
+        let key_block = (!hash_key.is_empty()).then(|| {
+            let mut block = Block::<Blake2bVarCore>::default();
+            block[..hash_key.len()].copy_from_slice(hash_key);
+            keyed.update_blocks(&[block]);
+            block
+        });
+        let mut by_hash = HashMap::with_hasher(ahash::RandomState::new());
         let mut skipped = 0;
         for (hex, value) in entries {
             match parse_hex(&hex) {
@@ -56,7 +78,7 @@ impl<V> KeyTable<V> {
                 None => skipped += 1,
             }
         }
-        Ok(Self { keyed, by_hash, skipped })
+        Ok(Self { keyed, unkeyed, key_block, by_hash, skipped })
     }
 
     /// Entries left out because their hash was not 64 hexadecimal digits.
@@ -68,9 +90,25 @@ impl<V> KeyTable<V> {
     /// The keyed hash of `key`.
     #[must_use]
     pub fn hash(&self, key: &str) -> KeyHash {
-        let mut mac = self.keyed.clone();
-        mac.update(key.as_bytes());
-        mac.finalize().into_bytes().into()
+        let mut buffer = Buffer::<Blake2bVarCore>::default();
+        let mut core;
+        match self.key_block {
+            Some(block) if key.is_empty() => {
+                core = self.unkeyed.clone();
+                buffer.digest_blocks(&block, |_| {});
+            }
+            _ => {
+                core = self.keyed.clone();
+                // Lazy: every block but the last is compressed here; the last one at
+                // finalizing, flagged as the last (no message at all is one block of zeros).
+                buffer.digest_blocks(key.as_bytes(), |blocks| core.update_blocks(blocks));
+            }
+        }
+        let mut full = Output::<Blake2bVarCore>::default();
+        core.finalize_variable_core(&mut buffer, &mut full);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(&full[..32]);
+        out
     }
 
     /// The value stored under `key`'s hash.
@@ -130,6 +168,31 @@ mod tests {
         assert_eq!(table.len(), 2);
         let upper = KeyTable::new(&[7u8; 32], [(KNOWN.to_uppercase(), 1)]);
         assert_eq!(upper.map(|t| t.get("sk-llmgw-abc").copied()), Ok(Some(1)));
+    }
+
+    #[test]
+    fn hashes_keys_of_any_length_as_the_keyed_mac_does() {
+        use blake2::digest::consts::U32;
+        use blake2::digest::{Digest, KeyInit, Mac};
+        use blake2::{Blake2b, Blake2bMac};
+
+        for hash_key in [&[7u8; 32][..], &[1u8; 64], &[9u8; 1], &[]] {
+            let table = KeyTable::<u8>::new(hash_key, []).ok().unwrap_or_else(|| unreachable!());
+            for len in [0, 1, 49, 127, 128, 129, 256, 300] {
+                let key = "k".repeat(len);
+                let want: KeyHash = if hash_key.is_empty() {
+                    // hashlib's blake2b with key=b"" is the unkeyed hash (the MAC wrapper
+                    // would hash a block of zeros first).
+                    Blake2b::<U32>::digest(key.as_bytes()).into()
+                } else {
+                    let mut mac = <Blake2bMac<U32> as KeyInit>::new_from_slice(hash_key)
+                        .unwrap_or_else(|_| unreachable!());
+                    mac.update(key.as_bytes());
+                    mac.finalize().into_bytes().into()
+                };
+                assert_eq!(table.hash(&key), want, "hash key {} bytes, key {len} bytes", hash_key.len());
+            }
+        }
     }
 
     #[test]

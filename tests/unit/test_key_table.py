@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from llmgw.gateway.auth import IN_QUERY, MALFORMED, NO_KEY, UNKNOWN, KeyTable, Unauthorized
+from llmgw.gateway.auth import IN_QUERY, MALFORMED, NO_KEY, SCHEME, UNKNOWN, KeyTable, Unauthorized
 from llmgw.secrets import HASH_LABEL, derive, key_hash
 from llmgw.wire import KeyEntry, Snapshot
 
@@ -56,3 +58,14 @@ def test_get_after_looks_up_only_what_follows_the_scheme() -> None:
     assert keys.get_after(f"Bearer {KEY}", "Bearer ").key_id == "key_1"
     for header in (f"bearer {KEY}", f"Bearer  {KEY}", KEY, "Bearer ", ""):
         assert keys.get_after(header, "Bearer ") is None
+
+
+def test_get_live_finds_only_a_key_that_has_not_expired() -> None:
+    """The gateway's one-call path: a key whose expiry passed (by the wall clock) is not
+    found there, so that `resolve` says why."""
+    now = time.time()
+    assert _table().keys.get_live(f"Bearer {KEY}", SCHEME).key_id == "key_1"
+    assert _table(expires_at=now + 60).keys.get_live(f"Bearer {KEY}", SCHEME).key_id == "key_1"
+    assert _table(expires_at=now - 1).keys.get_live(f"Bearer {KEY}", SCHEME) is None
+    for header in (f"bearer {KEY}", f"Bearer {KEY[:-1]}y", ""):
+        assert _table().keys.get_live(header, SCHEME) is None

@@ -26,7 +26,7 @@ from llmgw.wire import Limits, Snapshot
 
 from . import body as reqbody
 from . import routing
-from .auth import KeyTable, Unauthorized
+from .auth import SCHEME, KeyTable, Unauthorized
 from .control import ControlClient
 from .credentials import Credentials, load_credentials
 from .errors import Kind, error_body, truncate
@@ -211,9 +211,16 @@ class Gateway:
             return _REFUSED
 
     async def _inference(self, scope: Any, protocol: Any, rid: str) -> None:
-        entry = self._principal(scope, protocol, rid)
-        if entry is _REFUSED:
-            return None
+        keys = self.keys
+        # A valid key sent as nearly every client sends it, in one native call (the keyed
+        # hash, the lookup, the expiry); anything else goes through `_principal`, which
+        # answers 401 or 503 with the reason.
+        entry = None if keys is None or keys.version is None or scope.query_string else \
+            keys.keys.get_live(scope.headers.get("authorization") or "", SCHEME)
+        if entry is None:
+            entry = self._principal(scope, protocol, rid)
+            if entry is _REFUSED:
+                return None
         limit = self.cfg.max_body_bytes
         declared = scope.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -277,8 +284,8 @@ class Gateway:
             cost = len(data) // 4 + completion
             # From what the worker holds, without a coroutine; `_admit` waits for a lease
             # or answers the refusal (it takes again, and is refused again).
-            assert self.keys is not None  # an entry comes from the keys
-            project = self.keys.projects.get(entry.project_id)
+            assert keys is not None  # an entry comes from the keys
+            project = keys.projects.get(entry.project_id)
             try:
                 got = self.limiter.take(entry, project, cost)
             except Denied:

@@ -18,7 +18,7 @@ from llmgw.wire import KeyEntry, Limits, Snapshot
 log = logging.getLogger("llmgw.gateway")
 
 KEY_LENGTH = len(API_KEY_PREFIX) + 40
-_SCHEME = "Bearer "
+SCHEME = "Bearer "
 """How nearly every client sends a key: `Bearer sk-llmgw-...`, looked up without splitting the header."""
 
 # Query parameters under which clients (and some SDKs) put keys: a key in a URL ends up
@@ -65,7 +65,7 @@ class KeyTable:
             raise Unauthorized(IN_QUERY)
         # The header as nearly every client sends it, in one native call; anything else (a
         # key that matches nothing, another shape of header) is worked out and hashed again.
-        entry: KeyEntry | None = None if authorization is None else self.keys.get_after(authorization, _SCHEME)
+        entry: KeyEntry | None = None if authorization is None else self.keys.get_after(authorization, SCHEME)
         if entry is None:
             entry = self.keys.get(_other_shape(authorization))
             if entry is None:
