@@ -13,6 +13,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
+use smallvec::SmallVec;
 
 /// Tokens leased for one scope: requests take their estimates and settle what they used.
 #[pyclass(module = "llmgw._core", name = "TokenLease")]
@@ -112,11 +113,14 @@ impl Hold {
     }
 }
 
+/// At most a key's and a project's: inline, so that admitting a request allocates only its ticket.
+type Few<T> = SmallVec<[Py<T>; 2]>;
+
 /// What one admitted request holds; `release` gives it back.
 #[pyclass(module = "llmgw._core", name = "Ticket", frozen)]
 pub struct Ticket {
-    slotted: Vec<Py<Hold>>,
-    leases: Vec<Py<TokenLease>>,
+    slotted: Few<Hold>,
+    leases: Few<TokenLease>,
     cost: i64,
 }
 
@@ -126,8 +130,8 @@ impl Ticket {
     #[pyo3(signature = (slotted = Vec::new(), leases = Vec::new(), cost = 0))]
     fn new(slotted: Vec<Py<Hold>>, leases: Vec<Py<TokenLease>>, cost: i64) -> Self {
         Self {
-            slotted,
-            leases,
+            slotted: slotted.into(),
+            leases: leases.into(),
             cost,
         }
     }
@@ -172,7 +176,7 @@ impl Ticket {
 #[pyfunction]
 pub fn admit(holds: &Bound<'_, PyTuple>, now: f64, cost: i64) -> PyResult<Option<Ticket>> {
     let py = holds.py();
-    let mut all = Vec::with_capacity(holds.len());
+    let mut all: SmallVec<[Bound<'_, Hold>; 2]> = SmallVec::with_capacity(holds.len());
     for item in holds.iter() {
         let h = item.cast_into::<Hold>()?;
         if !h.borrow().ready(py, now) {
@@ -180,8 +184,8 @@ pub fn admit(holds: &Bound<'_, PyTuple>, now: f64, cost: i64) -> PyResult<Option
         }
         all.push(h);
     }
-    let mut slotted = Vec::new();
-    let mut leases = Vec::new();
+    let mut slotted = Few::new();
+    let mut leases = Few::new();
     for h in all {
         let mut hold = h.borrow_mut();
         hold.last_used = now;
