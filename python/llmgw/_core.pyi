@@ -1,6 +1,6 @@
 """Types of llmgw._core, the Rust extension (rust/src/lib.rs binds it)."""
 
-from typing import Any, Self, final
+from typing import Any, Literal, Self, final
 
 from typing_extensions import disjoint_base
 
@@ -262,6 +262,11 @@ class Ticket:
 def admit(holds: tuple[Hold, ...], now: float, cost: int) -> Ticket | None:
     """Takes a unit (rpm), a slot (concurrency) and `cost` tokens (tpm, budgets) from every
     hold that limits them, or nothing when one of them lacks something at `now` (None)."""
+
+def take(memo: dict[str, Any], entry: Any, project: Any, now: float, cost: int) -> Ticket | None | Literal[False]:
+    """`admit` from the shares `memo[entry.key_id]` holds when it is `(entry, project, shares)`
+    for this very entry and project, and some share limits it; False otherwise (the caller
+    works the shares out)."""
 
 @final
 class UsageRows:

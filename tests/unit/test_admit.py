@@ -1,4 +1,4 @@
-"""`_core.admit` and `Ticket.release`: the limiter's request path, on shares built by hand."""
+"""`_core.admit`, `_core.take` and `Ticket.release`: the limiter's request path, on shares built by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from llmgw import _core
 from llmgw.gateway.limits import FREE, Share, TokenLease
-from llmgw.wire import Limits
+from llmgw.wire import KeyEntry, Limits
 
 NOW = 100.0
 
@@ -83,3 +83,24 @@ def test_the_free_ticket_releases_nothing() -> None:
 def test_only_holds_are_admitted() -> None:
     with pytest.raises(TypeError):
         _core.admit((object(),), NOW, 1)  # type: ignore[arg-type]
+
+
+def test_take_admits_from_the_memo_only_for_the_entry_and_project_it_was_worked_out_for() -> None:
+    """`_core.take` is `admit` on `memo[entry.key_id]`'s shares when that holds this very entry
+    and project; anything else (another snapshot's entry or project, nothing yet, no share)
+    is False, for the limiter to work out."""
+    entry = KeyEntry(key_id="k", hash="0" * 64, org_id="o", team_id="t", project_id="p")
+    project = Limits(rpm=600)
+    key = _share(5, 2, 1_000)
+    memo: dict[str, object] = {"k": (entry, project, (key,))}
+    ticket = _core.take(memo, entry, project, NOW, 120)
+    assert ticket is not None and ticket is not False and ticket.slotted == (key,)
+    assert key.units == 4
+    key.units = 0
+    assert _core.take(memo, entry, project, NOW, 120) is None  # the share lacks a unit: a lease call
+    other = KeyEntry(key_id="k", hash="0" * 64, org_id="o", team_id="t", project_id="p")
+    assert _core.take(memo, other, project, NOW, 120) is False  # equal, but another snapshot's
+    assert _core.take(memo, entry, Limits(rpm=600), NOW, 120) is False
+    assert _core.take({}, entry, project, NOW, 120) is False
+    assert _core.take({"k": (entry, project, ())}, entry, project, NOW, 120) is False
+    assert _core.take({"k": "garbage"}, entry, project, NOW, 120) is False

@@ -278,22 +278,27 @@ class Gateway:
                 and scope.headers.get("x-llmgw-no-store", "").lower() not in ("1", "true"):
             keep = original
         ticket = FREE
-        if self.limiter is not None and entry is not None:
+        limiter = self.limiter
+        if limiter is not None and entry is not None:
             completion = 0 if embeddings else (
                 head.max_completion_tokens or head.max_tokens or DEFAULT_COMPLETION_ESTIMATE)
             cost = len(data) // 4 + completion
-            # From what the worker holds, without a coroutine; `_admit` waits for a lease
-            # or answers the refusal (it takes again, and is refused again).
             assert keys is not None  # an entry comes from the keys
             project = keys.projects.get(entry.project_id)
-            try:
-                got = self.limiter.take(entry, project, cost)
-            except Denied:
-                got = None
-            if got is None:
-                got = await self._admit(protocol, rid, entry, project, model, cost)
+            # From what the worker holds, without a coroutine: one native call for a key
+            # seen before (`Limiter.take` without its frame); else the limiter's `take`
+            # works it out, and `_admit` waits for a lease or answers the refusal (it takes
+            # again, and is refused again).
+            got = _core.take(limiter.memo, entry, project, limiter.clock(), cost)
+            if got is None or got is False:
+                try:
+                    got = limiter.take(entry, project, cost)
+                except Denied:
+                    got = None
                 if got is None:
-                    return None
+                    got = await self._admit(protocol, rid, entry, project, model, cost)
+                    if got is None:
+                        return None
             ticket = got
         call = Call(rid, model, target, stream, entry, keep)
         try:

@@ -12,7 +12,8 @@
 //! writes the same fields between requests.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::intern;
+use pyo3::types::{PyBool, PyDict, PyTuple};
 use smallvec::SmallVec;
 
 /// Tokens leased for one scope: requests take their estimates and settle what they used.
@@ -215,4 +216,40 @@ pub fn admit(holds: &Bound<'_, PyTuple>, now: f64, cost: i64) -> PyResult<Option
         leases,
         cost,
     }))
+}
+
+/// `Limiter.take`'s common case in one call: the shares `memo` holds for `entry`'s key
+/// (`memo[entry.key_id] == (entry, project, shares)`, as `Limiter._shares` worked them out
+/// for this very entry and project) admit the request (a `Ticket`) or need a lease call
+/// (None). False when the memo holds nothing current for it, or no share limits it: the
+/// caller works those out.
+#[pyfunction]
+pub fn take(
+    memo: &Bound<'_, PyDict>,
+    entry: &Bound<'_, PyAny>,
+    project: &Bound<'_, PyAny>,
+    now: f64,
+    cost: i64,
+) -> PyResult<Py<PyAny>> {
+    let py = memo.py();
+    let miss = || PyBool::new(py, false).to_owned().into_any().unbind();
+    let Some(held) = memo.get_item(entry.getattr(intern!(py, "key_id"))?)? else {
+        return Ok(miss());
+    };
+    let Ok(held) = held.cast_into::<PyTuple>() else {
+        return Ok(miss());
+    };
+    if held.len() != 3 || !held.get_item(0)?.is(entry) || !held.get_item(1)?.is(project) {
+        return Ok(miss());
+    }
+    let Ok(shares) = held.get_item(2)?.cast_into::<PyTuple>() else {
+        return Ok(miss());
+    };
+    if shares.is_empty() {
+        return Ok(miss());
+    }
+    Ok(match admit(&shares, now, cost)? {
+        Some(ticket) => Py::new(py, ticket)?.into_any(),
+        None => py.None(),
+    })
 }

@@ -229,5 +229,6 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(patch_request, m)?)?;
     m.add_function(wrap_pyfunction!(limits::admit, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::take, m)?)?;
     Ok(())
 }
