@@ -14,6 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from llmgw.control.limits import WINDOW, LimitsAuthority
+from llmgw.gateway.limits import INTERVAL, is_cut_off
 from llmgw.wire import LeaseAsk, LeaseRequest, Limits
 
 SCOPE = "key:key_x"
@@ -55,9 +56,9 @@ class World:
         self.tokens_used: deque[tuple[float, int]] = deque()
 
     def give_up_if_cut_off(self, g: Gw) -> None:
-        # As `gateway.limits.Limiter._cut_off`: half a second short of the authority's
-        # `reclaim_after` without an answer, the slots go; what runs on them is a debt.
-        if g.slots_held and self.now - g.heard >= RECLAIM - 0.5:
+        # As the worker does (`gateway.limits.is_cut_off`, at its default interval): nearly the
+        # authority's `reclaim_after` without an answer, the slots go; what runs on them is a debt.
+        if g.slots_held and is_cut_off(self.now, g.heard, RECLAIM, INTERVAL):
             g.slots_held = 0
             g.gave_up = g.in_use > 0
 

@@ -35,6 +35,9 @@ NO_LIMITS = Limits()
 _DENIAL_CACHE = {"concurrency": 0.05}
 _DENIAL_CACHE_MAX = 1.0
 
+INTERVAL = 0.25
+"""Seconds between a worker's periodic lease calls (`Limiter.interval` unless given)."""
+
 FORGET_AFTER = 120.0
 """Seconds after which an unused share that holds nothing is dropped (memory stays bounded)."""
 
@@ -177,6 +180,14 @@ class Share(_core.Hold):
             self.tok_batch = _doubled(self.tok_batch, self.token_batch(), self._token_limit(), 1 << 24)
 
 
+def is_cut_off(now: float, last_call: float, reclaim_after: float, interval: float) -> bool:
+    """Whether the authority may have taken a worker's slots back by `now`: no call of the
+    worker (sent at `last_call`) was answered for nearly `reclaim_after`, two passes of its
+    lease loop short of it, so that they are given up there before the authority grants
+    them to another."""
+    return now - last_call >= reclaim_after - 2 * interval
+
+
 def _two_seconds(per_minute: int, most: int) -> int:
     """Two seconds' part of a per-minute limit, at least 1 and at most `most`."""
     return max(1, min(per_minute // 30, most))
@@ -199,7 +210,7 @@ class Limiter:
     """One worker's shares of every limited key and project, and its lease calls."""
 
     def __init__(self, gateway_id: str, lease: Lease, *, wait: float = 0.5, idle_return: float = 0.5,
-                 interval: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+                 interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic) -> None:
         self.gateway_id = gateway_id
         self.lease = lease
         self.wait = wait
@@ -214,7 +225,7 @@ class Limiter:
         passes it to `_core.take` itself, which is `take` without this method's frame."""
         self.heartbeat = 1.0
         self.reclaim_after = 5.0
-        """The authority's: see `_cut_off`."""
+        """The authority's: see `is_cut_off`."""
         self._last_call = 0.0
         """When the last lease call that was answered was sent."""
         self._round: asyncio.Future[bool] | None = None
@@ -319,12 +330,6 @@ class Limiter:
             self._kick.clear()
             await self.round_trip()
 
-    def _cut_off(self, now: float) -> bool:
-        """Whether the authority may have taken this worker's slots back by now: no call of
-        this worker was answered for nearly `reclaim_after` (two passes of the loop short of
-        it, so that they are given up here before the authority grants them to another)."""
-        return now - self._last_call >= self.reclaim_after - 2 * self.interval
-
     def _settle(self, s: Share, now: float, quiet: bool, cut_off: bool) -> bool:
         """Moves what is unused into `back` (all of it when the share is `quiet`: unused for
         `idle_return`), and gives its slots up when `cut_off`; True when the authority must
@@ -370,7 +375,7 @@ class Limiter:
     def _collect(self, now: float) -> list[tuple[Share, LeaseAsk]]:
         asks: list[tuple[Share, LeaseAsk]] = []
         heartbeat = now - self._last_call >= self.heartbeat / 2
-        cut_off = self._cut_off(now)
+        cut_off = is_cut_off(now, self._last_call, self.reclaim_after, self.interval)
         for d in (self.keys, self.projects):
             for name, s in list(d.items()):
                 quiet = now - s.last_used >= self.idle_return
