@@ -21,6 +21,7 @@ __all__ = [
     "inspect_json",
     "patch_request",
     "scan_usage",
+    "take",
 ]
 
 __version__: str
