@@ -15,6 +15,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple, Self
 
@@ -162,19 +163,25 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICK
 
 
+def _tasks(pids: list[int]) -> Iterator[tuple[int, int]]:
+    """(pid, thread id) of every thread of pids (a process that just ended has none)."""
+    for pid in pids:
+        try:
+            tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            yield pid, tid
+
+
 def thread_cpu(pids: list[int]) -> dict[int, int]:
     """Thread id -> nanoseconds it has run so far (schedstat), over every thread of pids."""
     out: dict[int, int] = {}
-    for pid in pids:
+    for pid, tid in _tasks(pids):
         try:
-            tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                out[int(t.name)] = int((t / "schedstat").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                pass  # a thread that just ended
+            out[tid] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that just ended
     return out
 
 
@@ -236,7 +243,7 @@ class Sampler:
         self._c0 = 0.0
         self._threads: dict[int, int] = {}
         self.detail = detail
-        self._busiest_before: dict[int, ThreadTimes] | None = None
+        self._busiest_before: dict[int, tuple[int, ThreadTimes]] | None = None
         self.busiest_delta: ThreadTimes | None = None
         """With `detail`: what the kernel counted for the busiest thread over the span (its
         waits for a CPU, kernel time and context switches), to tell a slow round's cause."""
@@ -248,8 +255,13 @@ class Sampler:
     def __enter__(self) -> Self:
         self._t0, self._c0 = time.perf_counter(), cpu_seconds(self.pids)
         if self.detail:
-            self._mark_threads()
-        self._threads = thread_cpu(self.pids)
+            # Every thread's counters, so that the busiest one's can be told at the end; its
+            # run times are what `busiest` is worked out from, read once.
+            self._busiest_before = {tid: (pid, t) for pid, tid in _tasks(self.pids)
+                                    if (t := thread_times(pid, tid)) is not None}
+            self._threads = {tid: t.run_ns for tid, (_, t) in self._busiest_before.items()}
+        else:
+            self._threads = thread_cpu(self.pids)
         self.samples.append(rss_bytes(self.pids))
         self._thread.start()
         return self
@@ -266,22 +278,10 @@ class Sampler:
         self.busiest = max(ran.values(), default=0) / 1e9 / wall if wall > 0 else 0.0
         if ran and self._busiest_before is not None:
             tid = max(ran, key=ran.__getitem__)
-            after = next((t for pid in self.pids if (t := thread_times(pid, tid)) is not None), None)
-            before = self._busiest_before.get(tid)
-            if after is not None and before is not None:
-                self.busiest_delta = ThreadTimes(*(a - b for a, b in zip(after, before, strict=True)))
-
-    def _mark_threads(self) -> None:
-        """Every thread's counters at the start, so that the busiest one's can be told at the end."""
-        self._busiest_before = {}
-        for pid in self.pids:
-            try:
-                tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
-            except OSError:
-                continue
-            for tid in tids:
-                if (t := thread_times(pid, tid)) is not None:
-                    self._busiest_before[tid] = t
+            if (marked := self._busiest_before.get(tid)) is not None:
+                pid, before = marked
+                if (after := thread_times(pid, tid)) is not None:
+                    self.busiest_delta = ThreadTimes(*(a - b for a, b in zip(after, before, strict=True)))
 
     @property
     def rss_max_mb(self) -> float:
