@@ -123,6 +123,33 @@ def test_a_token_readable_by_others_stops_the_start(tmp_path: Path) -> None:
     assert (out.returncode, text) == snapshot((2, "error: DATA/admin-token is readable by group or others (mode 0644) and holds a secret; run `chmod 600 DATA/admin-token` and start again\n"))
 
 
+def _policies(pid: int) -> set[int]:
+    """The scheduling policy of every thread of `pid` and of its children (granian's worker)."""
+    out = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:  # a short-lived thread (a SQLite call's) may end meanwhile
+            out.add(os.sched_getscheduler(int(task.name)))
+            children = (task / "children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for child in children:
+            out |= _policies(int(child))
+    return out
+
+
+def test_the_control_plane_never_preempts_a_gateway(server: Server, tmp_path: Path) -> None:
+    # SCHED_BATCH by default, worker and threads included: usage ingestion must not cut a
+    # gateway's request path short on a shared machine.
+    assert _policies(server.proc.popen.pid) == {os.SCHED_BATCH}
+    other = tmp_path / "normal"  # the fixture's server has tmp_path's data dir
+    other.mkdir()
+    srv = start_server(other, config={"control_plane": {"cpu_scheduling": "normal"}})
+    try:
+        assert _policies(srv.proc.popen.pid) == {os.SCHED_OTHER}
+    finally:
+        srv.proc.terminate()
+
+
 def test_sigterm_stops_cleanly(server: Server) -> None:
     server.proc.popen.send_signal(signal.SIGTERM)
     assert server.proc.popen.wait(15) == 0

@@ -75,9 +75,25 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
             await db.close()
 
     asyncio.run(migrate_once())
+    _schedule(settings.cpu_scheduling)
     cfg = ServerConfig(data_dir=str(data_dir), store=store, host=args.host, port=args.port,
                        settings=settings, models=models)
     return encode_config(cfg), lock
+
+
+def _schedule(policy: str) -> None:
+    """Puts this thread, and so granian's worker and every thread started after, under
+    `policy` (`Settings.cpu_scheduling`); where it is refused, says so and goes on."""
+    if policy != "batch" or not hasattr(os, "SCHED_BATCH"):
+        return
+    try:
+        # Lowering one's own policy needs no privilege; a sandbox may still refuse it.
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError as e:
+        print(f"warning: the control plane runs under the normal CPU policy, as SCHED_BATCH was "
+              f"refused ({e.strerror}); gateways on this machine may wait for it while it "
+              "ingests usage. Set `cpu_scheduling: normal` under control_plane: to silence this",
+              file=sys.stderr)
 
 
 def _lock_sqlite(store: str, data_dir: Path) -> IO[str] | None:

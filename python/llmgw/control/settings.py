@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -35,6 +35,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     gateway_silent_for: float = 10.0
     """A gateway worker not heard from for this long is gone: its open requests are settled
     as `interrupted`. Gateways send a batch (empty when idle) every fraction of a second."""
+    cpu_scheduling: Literal["batch", "normal"] = "batch"
+    """How Linux schedules the control plane's threads. `batch` (SCHED_BATCH): its fair share
+    of CPU, but waking up (a usage batch, a lease call) never preempts another process, so
+    on a machine it shares with gateways their request path is not cut short to ingest
+    usage; `normal`: the default policy, as for any process."""
 
     # -- leadership: several control planes on one PostgreSQL ------------------------------
     leader_lease_ttl: Annotated[float, msgspec.Meta(gt=0)] = 10.0
