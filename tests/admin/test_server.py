@@ -144,10 +144,8 @@ def test_the_control_plane_never_preempts_a_gateway(server: Server, tmp_path: Pa
     other = tmp_path / "normal"  # the fixture's server has tmp_path's data dir
     other.mkdir()
     srv = start_server(other, config={"control_plane": {"cpu_scheduling": "normal"}})
-    try:
+    with srv.proc:
         assert _policies(srv.proc.popen.pid) == {os.SCHED_OTHER}
-    finally:
-        srv.proc.terminate()
 
 
 def test_sigterm_stops_cleanly(server: Server) -> None:

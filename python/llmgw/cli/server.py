@@ -34,7 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
     """Validates everything, creates the data dir's files, takes the SQLite store's lock,
-    migrates; returns the worker's config and the lock's file (held while it is open)."""
+    migrates, and puts the process under `cpu_scheduling` (before granian forks the worker,
+    which inherits it); returns the worker's config and the lock's file (held while it is
+    open)."""
     from llmgw.control import datadir
     from llmgw.control.settings import (
         ServerConfig,
