@@ -105,19 +105,26 @@ class Cluster:
             p.terminate()
 
 
-def chat_status(url: str, key: str, rid: str, max_tokens: int = 5, timeout: float = 10) -> int:
-    """The HTTP status of one small chat completion through a gateway, with `key` and request id `rid`."""
+def chat(url: str, key: str, max_tokens: int = 5, timeout: float = 10,
+         headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """One small chat completion through a gateway with `key` (and `headers`): its HTTP status
+    and its request id (the answer's x-request-id, the gateway's own)."""
     body = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}],
                        "max_tokens": max_tokens}).encode()
     req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST", headers={
-        "authorization": f"Bearer {key}", "content-type": "application/json", "x-request-id": rid})
+        "authorization": f"Bearer {key}", "content-type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             r.read()
-            return int(r.status)
+            return int(r.status), r.headers.get("x-request-id", "")
     except urllib.error.HTTPError as e:
         with e:  # closes its connection: a collected one warns
-            return int(e.code)
+            return int(e.code), e.headers.get("x-request-id", "")
+
+
+def chat_status(url: str, key: str, max_tokens: int = 5, timeout: float = 10) -> int:
+    """The HTTP status of one small chat completion through a gateway, with `key`."""
+    return chat(url, key, max_tokens, timeout)[0]
 
 
 def _status(url: str) -> int:

@@ -12,6 +12,7 @@ careless truncation would print.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -60,7 +61,7 @@ def test_no_secret_in_any_answer_log_or_stored_row(tmp_path: Path) -> None:
         bearer = {"authorization": f"Bearer {key}"}
         answers = [
             _http(v1, chat, bearer),
-            _http(v1, {**chat, "stream": True}, {**bearer, "x-request-id": "canary-stream"}),
+            _http(v1, {**chat, "stream": True}, bearer),
             _http(v1, {**chat, "stream": True}, {**bearer, "x-sim-fault": "error-after=2"}),
             _http(v1, {**chat, "stream": True}, {**bearer, "x-sim-fault": "reset-after=2"}),
             _http(v1, chat, {**bearer, "x-sim-fault": "fail=500"}),
@@ -76,12 +77,15 @@ def test_no_secret_in_any_answer_log_or_stored_row(tmp_path: Path) -> None:
         ]
         admin = {"authorization": f"Bearer {admin_token}"}
         api = cluster.server.url + "/api/v1"
+        # The streamed request's record, by the id its answer carried.
+        rid = re.search(r"^x-request-id: (\S+)$", answers[1][1], re.MULTILINE | re.IGNORECASE)
+        assert rid, answers[1][1][:500]
         deadline = time.monotonic() + 10  # usage is shipped every 0.5 s: wait for the record
-        while _http(api + "/requests/canary-stream", None, admin)[0] != 200:
+        while _http(api + f"/requests/{rid[1]}", None, admin)[0] != 200:
             assert time.monotonic() < deadline, "the request record never arrived"
             time.sleep(0.2)
         for path in ("/keys", "/usage?by=project&since=1h", "/usage/export?by=project,key,model",
-                     "/usage/export?format=json&by=key", "/requests/canary-stream", "/audit?limit=100",
+                     "/usage/export?format=json&by=key", f"/requests/{rid[1]}", "/audit?limit=100",
                      "/openapi.json", "/leader", "/orgs", "/users"):
             answers.append(_http(api + path, None, admin))
         answers += [
@@ -100,7 +104,7 @@ def test_no_secret_in_any_answer_log_or_stored_row(tmp_path: Path) -> None:
                       if p.is_file() and p.name not in ("secret", "admin-token"))
     assert len(stored) > 10_000, "the store file was read"
     text = "\n".join(outputs)
-    assert "canary-stream" in text and "sk-llmgw-" in text, "the run was seen (key prefixes are shown)"
+    assert rid[1] in text and "sk-llmgw-" in text, "the run was seen (key prefixes are shown)"
     for name, value in canaries.items():
         for needle in _needles(value):
             assert needle not in text, f"the {name} (or part of it) is in an output"

@@ -44,34 +44,39 @@ def test_300_concurrent_calls_make_exactly_300_records(cluster: Cluster) -> None
     gw = cluster.gateway(sim, workers=4)
     start = threading.Barrier(N)
 
-    def call(i: int | str, wait: bool = True) -> tuple[int, dict[str, Any]]:
+    def call(i: int | str, wait: bool = True) -> tuple[int, dict[str, Any], str]:
         body = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": f"hi {i}"}],
                            "max_tokens": 7}).encode()
         req = urllib.request.Request(gw.url + "/v1/chat/completions", data=body, method="POST", headers={
-            "authorization": f"Bearer {key}", "content-type": "application/json", "x-request-id": f"c-{i}"})
+            "authorization": f"Bearer {key}", "content-type": "application/json"})
         if wait:
             start.wait(30)
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
-                return int(r.status), json.loads(r.read())
+                return int(r.status), json.loads(r.read()), r.headers["x-request-id"]
         except urllib.error.HTTPError as e:
             with e:  # closes its connection: a collected one warns
-                return int(e.code), json.loads(e.read())
+                return int(e.code), json.loads(e.read()), e.headers["x-request-id"]
 
     # Each worker has its own snapshot of keys, and answers 503 not_ready until it came:
     # warm up until a run of requests (spread over the workers) all pass.
-    warm, in_a_row, deadline = 0, 0, time.monotonic() + 20
+    warmed: list[str] = []
+    in_a_row, deadline = 0, time.monotonic() + 20
     while in_a_row < 16:
         assert time.monotonic() < deadline, "the gateway's workers never all had their keys"
-        ok = call(f"warm-{warm}", wait=False)[0] == 200
-        warm, in_a_row = warm + ok, in_a_row + 1 if ok else 0
+        status, _, rid = call("warm", wait=False)
+        if status == 200:
+            warmed.append(rid)
+        in_a_row = in_a_row + 1 if status == 200 else 0
+    warm = len(warmed)
 
     with ThreadPoolExecutor(N) as pool:
         answers = list(pool.map(call, range(N)))
-    statuses = [s for s, _ in answers]
-    assert statuses == [200] * N, ({s: statuses.count(s) for s in set(statuses)}, [a for s, a in answers if s != 200][:2])
-    prompt = sum(a["usage"]["prompt_tokens"] for _, a in answers)
-    completion = sum(a["usage"]["completion_tokens"] for _, a in answers)
+    statuses = [s for s, _, _ in answers]
+    assert statuses == [200] * N, ({s: statuses.count(s) for s in set(statuses)}, [a for s, a, _ in answers if s != 200][:2])
+    assert len({rid for _, _, rid in answers} | set(warmed)) == N + warm, "every request has its own id"
+    prompt = sum(a["usage"]["prompt_tokens"] for _, a, _ in answers)
+    completion = sum(a["usage"]["completion_tokens"] for _, a, _ in answers)
 
     deadline = time.monotonic() + 30
     while True:
@@ -81,10 +86,10 @@ def test_300_concurrent_calls_make_exactly_300_records(cluster: Cluster) -> None
         time.sleep(0.5)
     assert len(rows) == 1
     assert (rows[0]["requests"], rows[0]["errors"]) == (N + warm, 0), rows
-    warm_prompt = sum(cluster.call("GET", f"/api/v1/requests/c-warm-{i}")["prompt_tokens"] for i in range(warm))
+    warm_prompt = sum(cluster.call("GET", f"/api/v1/requests/{rid}")["prompt_tokens"] for rid in warmed)
     assert (rows[0]["prompt_tokens"], rows[0]["completion_tokens"]) == (prompt + warm_prompt, completion + 7 * warm), rows
-    for i in range(0, N, 7):  # a sample of the records: each final, once
-        record = cluster.call("GET", f"/api/v1/requests/c-{i}")
+    for _, _, rid in answers[::7]:  # a sample of the records: each final, once
+        record = cluster.call("GET", f"/api/v1/requests/{rid}")
         assert record["state"] == "final", record
     time.sleep(1.5)  # two more shipping rounds: nothing is counted twice later
     rows = cluster.call("GET", "/api/v1/usage?by=project&since=1h")

@@ -34,13 +34,13 @@ def ctl(data_dir: Path, admin_port: int, *args: str) -> subprocess.CompletedProc
         capture_output=True, text=True, timeout=30, check=False)
 
 
-def ask(base_url: str, key: str, rid: str) -> str:
-    """One chat completion through the gateway; returns the text."""
-    client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=10)
-    resp = client.chat.completions.create(
-        model="sim-model", messages=[{"role": "user", "content": "hello"}],
-        extra_headers={"x-request-id": rid})
-    return resp.choices[0].message.content or ""
+def ask(base_url: str, key: str) -> tuple[str, str]:
+    """One chat completion through the gateway; returns the text and the request's id (the
+    answer's x-request-id), as a user reads them from the `openai` package."""
+    with openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=10) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="sim-model", messages=[{"role": "user", "content": "hello"}])
+        return raw.parse().choices[0].message.content or "", raw.headers["x-request-id"]
 
 
 def test_issue_use_account_revoke(tmp_path: Path) -> None:
@@ -55,13 +55,14 @@ def test_issue_use_account_revoke(tmp_path: Path) -> None:
         placed = re.search(r"\(replica (\S+)\)", up.output)
         assert placed, up.output
         base = f"http://127.0.0.1:{port}/v1"
-        assert ask(base, first, "walk-1")
+        assert ask(base, first)[0]
 
         issued = ctl(data_dir, admin_port, "--json", "keys", "issue", "default/default/default", "ci")
         assert issued.returncode == 0, issued.stderr
         second = json.loads(issued.stdout)
         assert second["key"].startswith(second["prefix"])
-        assert ask(base, second["key"], "walk-2")
+        text, rid = ask(base, second["key"])
+        assert text
 
         def usage_counts() -> bool:
             out = ctl(data_dir, admin_port, "--json", "usage", "--by", "project")
@@ -76,7 +77,7 @@ def test_issue_use_account_revoke(tmp_path: Path) -> None:
         assert second["id"] in {r["key_id"] for r in rows}
         assert {r["project_id"] for r in rows} == {second["project_id"]}
 
-        record = ctl(data_dir, admin_port, "--json", "requests", "get", "walk-2")
+        record = ctl(data_dir, admin_port, "--json", "requests", "get", rid)
         assert record.returncode == 0, record.stderr
         view = json.loads(record.stdout)
         assert view["key_id"] == second["id"] and view["replica"] == placed.group(1)
@@ -87,10 +88,10 @@ def test_issue_use_account_revoke(tmp_path: Path) -> None:
         t0 = time.monotonic()
         while True:
             try:
-                ask(base, second["key"], "after-revoke")
+                ask(base, second["key"])
             except openai.AuthenticationError as e:
                 assert e.status_code == 401
                 break
             assert time.monotonic() - t0 < REVOKE_DEADLINE, "a revoked key still worked after 2 s"
             time.sleep(0.05)
-        assert ask(base, first, "walk-3"), "the other key must keep working"
+        assert ask(base, first)[0], "the other key must keep working"

@@ -52,8 +52,6 @@ _NOT_FORWARDED = frozenset({
     "x-forwarded-host", "x-api-base", "x-base-url",
 })
 
-_REQUEST_ID_MAX = 128
-
 # A request's token estimate for tpm and budgets when it sets no max_tokens: what it
 # really used is settled when it ends, so this only decides how much is held meanwhile.
 DEFAULT_COMPLETION_ESTIMATE = 256
@@ -173,10 +171,12 @@ class Gateway:
 
     # -- dispatch -----------------------------------------------------------------
     async def __rsgi__(self, scope: Any, protocol: Any) -> None:
-        rid = scope.headers.get("x-request-id")
-        if not rid or len(rid) > _REQUEST_ID_MAX or not rid.isprintable():
-            self._rid_next += 1
-            rid = f"{self._rid_prefix}{self._rid_next:08x}"
+        # Always this worker's own id, never the client's x-request-id: the id keys the
+        # request's usage record, which the control plane counts once per id (a record sent
+        # twice is one request), so a client that sent one id on every request would have
+        # them all counted as one.
+        self._rid_next += 1
+        rid = f"{self._rid_prefix}{self._rid_next:08x}"
         path = scope.path
         handler = self.routes.get((scope.method, path))
         if handler is not None:
@@ -416,7 +416,8 @@ class Gateway:
 
 
 def _forwarded(headers: Any) -> bytes:
-    """The client's `x-*` headers that travel to the replica (request ids, test hooks, tags)."""
+    """The client's `x-*` headers that travel to the replica (trace ids, test hooks, tags), less
+    `_NOT_FORWARDED` (x-request-id among them: the replica gets the gateway's own)."""
     out = b""
     for k, v in headers.items():
         if k.startswith("x-") and k not in _NOT_FORWARDED and not k.startswith("x-llmgw-"):

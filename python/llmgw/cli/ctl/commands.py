@@ -206,7 +206,7 @@ COMMANDS: list[Command] = [
              Arg("--contains", "query", "contains", "only events whose action or target contains this")),
             _AUDIT),
     Command("requests", "get", "GET", "/api/v1/requests/{id}", "what one request went through",
-            (Arg("ID", "path", "id", "the request's ID (its x-request-id)"),), (), "object"),
+            (Arg("ID", "path", "id", "the request's ID (the x-request-id of its answer)"),), (), "object"),
     Command("requests", "body", "GET", "/api/v1/requests/{id}/body", "a kept request and its answer",
             (Arg("ID", "path", "id", "the request's ID"),), (), "json"),
     Command("requests", "replay", "POST", "/api/v1/requests/{id}/replay",
