@@ -6,7 +6,7 @@ import asyncio
 
 import msgspec
 
-from llmgw.gateway.usage import UsageSink
+from llmgw.gateway.usage import MAX_BATCH_RECORDS, UsageSink
 from llmgw.wire import UsageBatch, UsageOpen, UsageRecord, UsageRow
 
 
@@ -139,3 +139,20 @@ def test_records_only_for_the_control_plane_are_rows_and_a_usage_log_keeps_objec
     assert not got.finals and [r.request_id for r in got.rows] == ["row", "object"]
     assert got.rows[0] == UsageRow(*msgspec.structs.astuple(_final("row")))
     assert b'"rows":[["row","m","m","r1","ok",200,false,5,2,false,1.0,2.0,"stop",0,1.0,null,"key_a",' in posted[0]
+
+
+def test_a_backlog_leaves_in_posts_of_at_most_max_batch_records() -> None:
+    posted: list[UsageBatch] = []
+
+    async def ship(body: bytes) -> None:
+        posted.append(msgspec.json.decode(body, type=UsageBatch))
+
+    async def main() -> None:
+        sink = UsageSink(None, ship=ship, gateway_id="gw")
+        for i in range(MAX_BATCH_RECORDS + 5):
+            sink.record(_final(f"r{i}"))
+        assert await sink.send(drain=True)
+
+    asyncio.run(main())
+    assert [len(b.rows) for b in posted] == [MAX_BATCH_RECORDS, 5]
+    assert [r.request_id for b in posted for r in b.rows] == [f"r{i}" for i in range(MAX_BATCH_RECORDS + 5)]

@@ -200,16 +200,9 @@ class AdminApp:
     def _authenticate(self, route: Route, header: str | None) -> str:
         """The actor for a valid token of the route's kind; raises ApiError 401/403 otherwise."""
         cp = self.control
-        token_file = cp.data_dir / datadir.ADMIN_TOKEN
-        if route.internal:
-            where = (f"gateways send the gateway token, derived from the cluster secret in "
-                     f"{cp.data_dir / datadir.SECRET} (give the gateway --data-dir or LLMGW_GATEWAY_TOKEN)")
-        else:
-            where = (f"send `Authorization: Bearer <admin token>`; the admin token is in "
-                     f"{token_file} on the control plane's machine")
         scheme, _, token = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise ApiError(401, "auth.missing_token", f"this route needs a bearer token: {where}")
+            raise ApiError(401, "auth.missing_token", f"this route needs a bearer token: {self._where(route)}")
         digest = token_digest(token.strip())
         # Both comparisons always run, so the time taken does not say which failed.
         is_admin = hmac.compare_digest(digest, cp.admin_token_digest)
@@ -219,14 +212,23 @@ class AdminApp:
                 return "gateway"
             if is_admin:
                 raise ApiError(403, "auth.wrong_token", "this is an internal route for gateways, "
-                               f"and the admin token is not accepted here: {where}")
+                               f"and the admin token is not accepted here: {self._where(route)}")
         else:
             if is_admin:
                 return "admin"
             if is_gateway:
                 raise ApiError(403, "auth.wrong_token", "the gateway token only opens the "
-                               f"/internal/v1 routes; for the admin API {where}")
-        raise ApiError(401, "auth.bad_token", f"the bearer token is not valid here: {where}")
+                               f"/internal/v1 routes; for the admin API {self._where(route)}")
+        raise ApiError(401, "auth.bad_token", f"the bearer token is not valid here: {self._where(route)}")
+
+    def _where(self, route: Route) -> str:
+        """Where the token a route takes comes from (for a refusal; not built for a valid call)."""
+        data_dir = self.control.data_dir
+        if route.internal:
+            return (f"gateways send the gateway token, derived from the cluster secret in "
+                    f"{data_dir / datadir.SECRET} (give the gateway --data-dir or LLMGW_GATEWAY_TOKEN)")
+        return (f"send `Authorization: Bearer <admin token>`; the admin token is in "
+                f"{data_dir / datadir.ADMIN_TOKEN} on the control plane's machine")
 
 
 def _query_pairs(query_string: str) -> list[tuple[str, str]]:
