@@ -27,7 +27,6 @@ from llmgw.wire import Limits, Snapshot
 from . import body as reqbody
 from . import routing
 from .auth import SCHEME, KeyTable, Unauthorized
-from .beat import Beat
 from .control import ControlClient
 from .credentials import Credentials, load_credentials
 from .errors import Kind, error_body, truncate
@@ -87,11 +86,9 @@ class Gateway:
         if cp is not None:
             self.creds = load_credentials(cp)
             self.keys = KeyTable(self.creds.hash_key)
-        self.beat = Beat()
-        """When the worker's lease calls and usage posts leave: together, on one beat."""
         self.usage = UsageSink(cfg.usage_log, interval=0.5 if cp is None else cp.usage_interval,
                                gateway_id=self.gateway_id,
-                               max_pending=200_000 if cp is None else cp.usage_max_pending, beat=self.beat)
+                               max_pending=200_000 if cp is None else cp.usage_max_pending)
         self.kv_index: _core.KvIndex | None = None
         self.kv_events: KvSubscriber | None = None
         self.routes: dict[tuple[str, str], Callable[[Any, Any, str], Awaitable[None]]] = {
@@ -132,7 +129,7 @@ class Gateway:
             self.waker = Waker(loop, self.control.wake, self.replicas.router.has_model)
             self.usage.ship = self.control.post_usage
             self.limiter = Limiter(self.gateway_id, self.control.lease, wait=cp.lease_wait,
-                                   idle_return=cp.lease_idle_return, beat=self.beat)
+                                   idle_return=cp.lease_idle_return)
             self._tasks = [loop.create_task(self.control.follow_snapshots(self._apply_snapshot)),
                            loop.create_task(self.limiter.run())]
         self.usage.start(loop)

@@ -23,8 +23,6 @@ from collections.abc import Awaitable, Callable
 from llmgw import _core
 from llmgw.wire import KeyEntry, LeaseAsk, LeaseGrant, LeaseReply, LeaseRequest, Limits
 
-from .beat import Beat
-
 log = logging.getLogger("llmgw.gateway")
 
 Lease = Callable[[LeaseRequest], Awaitable[LeaseReply]]
@@ -212,16 +210,12 @@ class Limiter:
     """One worker's shares of every limited key and project, and its lease calls."""
 
     def __init__(self, gateway_id: str, lease: Lease, *, wait: float = 0.5, idle_return: float = 0.5,
-                 interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic,
-                 beat: Beat | None = None) -> None:
+                 interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic) -> None:
         self.gateway_id = gateway_id
         self.lease = lease
         self.wait = wait
         self.idle_return = idle_return
         self.interval = interval
-        self.beat = beat or Beat()
-        """When the periodic calls leave: every `interval`, on the worker's beat (shared with
-        its usage posts, see `beat`)."""
         self.clock = clock
         self.keys: dict[str, Share] = {}
         self.projects: dict[str, Share] = {}
@@ -327,10 +321,10 @@ class Limiter:
         await self.round_trip()
 
     async def run(self) -> None:
-        """Sends lease calls: at once when a request waits, else every `interval` (on the beat)."""
+        """Sends lease calls: at once when a request waits, else every `interval`."""
         while True:
             try:
-                await asyncio.wait_for(self._kick.wait(), self.beat.until_next(self.interval))
+                await asyncio.wait_for(self._kick.wait(), self.interval)
             except TimeoutError:
                 pass
             self._kick.clear()

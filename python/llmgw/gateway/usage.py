@@ -32,8 +32,6 @@ import msgspec
 from llmgw import _core
 from llmgw.wire import NULL, Instant, UsageOpen, UsageRecord, UsageRow
 
-from .beat import Beat
-
 log = logging.getLogger("llmgw.gateway")
 
 __all__ = ["UsageOpen", "UsageRecord", "UsageRow", "UsageSink"]
@@ -87,12 +85,9 @@ class UsageSink:
     """Collects records and writes them in batches."""
 
     def __init__(self, path: str | None, interval: float = 0.5, *, ship: Ship | None = None,
-                 gateway_id: str = "", max_pending: int = 200_000, beat: Beat | None = None) -> None:
+                 gateway_id: str = "", max_pending: int = 200_000) -> None:
         self.path = path
         self.interval = interval
-        self.beat = beat or Beat()
-        """When the flushes run: every `interval`, on the worker's beat (shared with its lease
-        calls, see `beat`)."""
         self.ship = ship
         """Posts one encoded UsageBatch to the control plane; None writes the file only."""
         self.queue = _core.UsageRows()
@@ -188,7 +183,7 @@ class UsageSink:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.beat.until_next(self.interval))
+            await asyncio.sleep(self.interval)
             self.flush()
             await self.send()
 
