@@ -159,6 +159,32 @@ def test_a_busy_share_is_renewed_ahead_so_requests_do_not_wait() -> None:
     assert units > 0
 
 
+def test_only_the_periodic_passes_tick_for_the_usage_sink() -> None:
+    """A pass called early for a waiting request carries no post: the posts keep their pace."""
+
+    async def main() -> tuple[int, int]:
+        ticks: list[float] = []
+        calm = Limiter("gw", Counting(LimitsAuthority()), interval=0.02)
+        calm.on_tick = lambda: ticks.append(0.0)
+        await _run(calm, asyncio.sleep(0.2))
+        periodic = len(ticks)
+        ticks.clear()
+        waited = Limiter("gw", Counting(LimitsAuthority()), interval=60.0)
+        waited.on_tick = lambda: ticks.append(0.0)
+        entry = _entry(Limits(rpm=600))
+
+        async def one() -> None:
+            t = waited.take(entry, None) or await waited.acquire(entry, None)
+            t.release(1)
+
+        await _run(waited, one())
+        return periodic, len(ticks)
+
+    periodic, early = asyncio.run(asyncio.wait_for(main(), 10))
+    assert periodic >= 3  # 0.2 s of passes every 0.02 s, on a machine that may be slow
+    assert early == 0
+
+
 def test_a_forgotten_share_is_made_again_and_a_new_snapshot_entry_brings_its_limits() -> None:
     """The limiter remembers each key's shares per snapshot entry; neither a share dropped
     for idleness nor a changed limit may leave a request with a stale one."""

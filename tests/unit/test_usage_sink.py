@@ -156,3 +156,42 @@ def test_a_backlog_leaves_in_posts_of_at_most_max_batch_records() -> None:
     asyncio.run(main())
     assert [len(b.rows) for b in posted] == [MAX_BATCH_RECORDS, 5]
     assert [r.request_id for b in posted for r in b.rows] == [f"r{i}" for i in range(MAX_BATCH_RECORDS + 5)]
+
+
+def test_a_sink_that_follows_the_lease_loop_posts_on_its_ticks_and_alone_when_they_stop() -> None:
+    posted: list[list[str]] = []
+
+    async def ship(body: bytes) -> None:
+        posted.append([r.request_id for r in msgspec.json.decode(body, type=UsageBatch).ended()])
+
+    async def settle() -> None:
+        for _ in range(20):  # loop turns only: no timer is involved
+            await asyncio.sleep(0)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        sink = UsageSink(None, interval=0.1, ship=ship, gateway_id="gw")
+        # A shorter interval than the ticks' keeps its own timer: it would post less often.
+        assert sink.follow(0.5)() is None and sink._ticks is None
+        tick = sink.follow(0.05)  # a post every second tick: 0.1 s
+        sink.start(loop)
+        sink.record(_final("a"))
+        tick()
+        await settle()
+        assert posted == []
+        tick()
+        await settle()
+        assert posted == [["a"]]  # with the tick, not on a timer of its own
+        # No more ticks (every lease pass called early): a post still leaves, one
+        # interval and one tick after the last.
+        sink.record(_final("b"))
+        t0 = loop.time()
+        while len(posted) < 2 and loop.time() < t0 + 5:
+            await asyncio.sleep(0.005)
+        waited = loop.time() - t0
+        assert posted == [["a"], ["b"]]
+        await sink.close()
+        return waited
+
+    waited = asyncio.run(main())
+    assert 0.14 <= waited < 2.0

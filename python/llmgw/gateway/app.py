@@ -130,6 +130,7 @@ class Gateway:
             self.usage.ship = self.control.post_usage
             self.limiter = Limiter(self.gateway_id, self.control.lease, wait=cp.lease_wait,
                                    idle_return=cp.lease_idle_return)
+            self.limiter.on_tick = self.usage.follow(self.limiter.interval)
             self._tasks = [loop.create_task(self.control.follow_snapshots(self._apply_snapshot)),
                            loop.create_task(self.limiter.run())]
         self.usage.start(loop)

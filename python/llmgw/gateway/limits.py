@@ -216,6 +216,9 @@ class Limiter:
         self.wait = wait
         self.idle_return = idle_return
         self.interval = interval
+        self.on_tick: Callable[[], None] | None = None
+        """Called at each periodic pass, as its lease call leaves: the usage sink posts on it
+        (`UsageSink.follow`), so that the control plane takes both in one wake-up."""
         self.clock = clock
         self.keys: dict[str, Share] = {}
         self.projects: dict[str, Share] = {}
@@ -326,7 +329,8 @@ class Limiter:
             try:
                 await asyncio.wait_for(self._kick.wait(), self.interval)
             except TimeoutError:
-                pass
+                if self.on_tick is not None:
+                    self.on_tick()
             self._kick.clear()
             await self.round_trip()
 

@@ -112,6 +112,9 @@ class UsageSink:
         self.failures = 0
         self._task: asyncio.Task[None] | None = None
         self._encoder = msgspec.json.Encoder()
+        self._ticks: asyncio.Event | None = None
+        """Set on the ticks of the loop this one follows (`follow`); None: its own timer."""
+        self._period = 0.0
 
     def _settle_record_type(self) -> None:
         # Records that only go to the control plane are rows (JSON arrays, less than half the
@@ -175,6 +178,36 @@ class UsageSink:
             return
         self.opens[rid] = rec
 
+    def follow(self, period: float) -> Callable[[], None]:
+        """Posts on the ticks of another periodic loop, `period` seconds apart, instead of on
+        its own timer; returns what that loop calls at each tick.
+
+        The control plane idles between a worker's calls, and each call pays for waking it:
+        against a real `llmgw server` a one-record post cost it 0.37 ms of CPU back to back
+        and 0.9-1.2 ms with 10-100 ms between posts. The gateway's lease loop
+        (`Limiter.run`) and this one each kept their own 0.25 s, so the control plane woke
+        twice a tick; following the lease loop, a post and a lease call reach it together.
+        A post leaves on the tick nearest to `interval`. Should the ticks stop (every pass
+        of the lease loop called early for a waiting request), one leaves `interval +
+        period` after the last. Given an `interval` shorter than `period`, it keeps its own
+        timer: it would post less often than asked.
+        """
+        if self.interval < period:
+            return lambda: None
+        ticks = self._ticks = asyncio.Event()
+        self._period = period
+        every = round(self.interval / period)
+        count = 0
+
+        def tick() -> None:
+            nonlocal count
+            count += 1
+            if count >= every:
+                count = 0
+                ticks.set()
+
+        return tick
+
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Starts the periodic flush."""
         self._settle_record_type()
@@ -183,7 +216,17 @@ class UsageSink:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            ticks = self._ticks
+            if ticks is None:
+                await asyncio.sleep(self.interval)
+            else:
+                # A tick that came during the last post is not a reason to post again at once:
+                # the next post waits for the next tick, with the lease call it brings.
+                ticks.clear()
+                try:
+                    await asyncio.wait_for(ticks.wait(), self.interval + self._period)
+                except TimeoutError:
+                    pass
             self.flush()
             await self.send()
 
