@@ -123,7 +123,8 @@ class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     snapshot_wait: Seconds = 20.0
     """Longest a snapshot long-poll waits on the control plane before it answers anyway."""
     usage_interval: Seconds = 0.25
-    """Usage batches leave this often."""
+    """Usage batches leave this often: with the lease calls (every 0.25 s), on the one nearest
+    to it, when it is at least that long."""
     usage_max_pending: Annotated[int, msgspec.Meta(ge=1)] = 200_000
     """Records held while the control plane does not take them; past it new ones are dropped
     (and counted in the log), so an outage cannot exhaust the gateway's memory."""
