@@ -1,13 +1,13 @@
 """Usage records: one per request, batched off the request path.
 
 The request path only appends to a list. A flush task writes the batch every
-`interval` seconds; `close()` writes what is left, so a clean shutdown loses
-nothing. Two destinations, either or both: a JSON-lines file (`usage_log`), and
-the control plane (`ship`): a `UsageBatch` of the requests still running (opens: those
-forwarded at least `proxy.DISCONNECT_WATCH_DELAY` ago), those that ended (finals) and
-each key's last use, posted to
-POST /internal/v1/usage. A batch the control plane did not take is kept and sent
-again with the next; past `max_pending` records new ones are dropped and counted,
+`interval` seconds (on the lease loop's ticks when there is one: `follow`); `close()`
+writes what is left, so a clean shutdown loses nothing. Two destinations, either or
+both: a JSON-lines file (`usage_log`), and the control plane (`ship`): a `UsageBatch` of
+the requests still running (opens: those forwarded at least
+`proxy.DISCONNECT_WATCH_DELAY` ago), those that ended (finals) and each key's last use,
+posted to POST /internal/v1/usage. A batch the control plane did not take is kept and
+sent again with the next; past `max_pending` records new ones are dropped and counted,
 so an outage cannot exhaust the worker's memory (the opens already sent are then
 settled by the control plane as `interrupted`).
 
