@@ -38,7 +38,7 @@ log = logging.getLogger("llmgw.gateway")
 # usage open), only for requests still running after this long. A watcher costs a task,
 # and an open a place in the next post and a row the control plane stores; short answers
 # finish first. At 20 ms a gateway serving 256 requests at once on the bench's host (p90
-# 17-23 ms) watched and announced about a tenth of them, the more the slower it ran. A tenth
+# 15-26 ms) watched and announced about a tenth of them, the more the slower it ran. A tenth
 # of a second still stops an upstream request promptly once its client has gone, and a
 # gateway killed sooner loses at most its last second of records anyway.
 DISCONNECT_WATCH_DELAY = 0.1
