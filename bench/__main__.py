@@ -1,4 +1,4 @@
-"""`python -m bench load|run|soak|table`: the command line of llmgw's load harness."""
+"""`python -m bench load|run|soak|pool|table`: the command line of llmgw's load harness."""
 
 from __future__ import annotations
 
@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     sk = sub.add_parser("soak", help="the gateway's RSS over many requests (= run soak)")
     add_run_options(sk)
     sk.set_defaults(fn=_scenario, scenario="soak")
+
+    from bench.pool import add_parser as add_pool
+
+    add_pool(sub)
 
     tb = sub.add_parser("table", help="print result files as Markdown tables (for bench/README.md)")
     tb.add_argument("files", nargs="+")

@@ -320,8 +320,13 @@ def paired_rps_ratio(rounds: list[Round], name: str, base: str, c: int) -> dict[
     The spread a ratio of the two medians does not show: how far one round's pair moves
     on this machine. None when no round has both.
     """
-    ratios = [t.result.rps / b.result.rps for t, b in _pairs(rounds, name, base, c) if b.result.rps > 0]
+    ratios = [t / b for t, b in rps_pairs(rounds, name, base, c) if b > 0]
     return spread(ratios) if ratios else None
+
+
+def rps_pairs(rounds: list[Round], name: str, base: str, c: int) -> list[tuple[float, float]]:
+    """(name's req/s, base's req/s) of each round in which both ran at concurrency c."""
+    return [(t.result.rps, b.result.rps) for t, b in _pairs(rounds, name, base, c)]
 
 
 def _figure(r: Round, key: str) -> float:

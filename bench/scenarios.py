@@ -50,9 +50,11 @@ from bench.runner import (
     fold,
     paired_added,
     paired_rps_ratio,
+    rps_pairs,
     run_rounds,
     schedule,
 )
+from bench.stats import bootstrap_ratio
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,11 @@ def _figures(
                 if paired is not None:
                     for stat in ("median", "min", "max"):
                         out[f"llmgw_keys_over_llmgw_rps_paired_{stat}_c{lvl}"] = paired[stat]
+                # And where the ratio of medians lies, from this run's rounds alone: a 95%
+                # bootstrap interval (`python -m bench pool` gives it over several runs).
+                lo, hi = bootstrap_ratio([rps_pairs(rounds, KEYED, "llmgw", lvl)])
+                out[f"llmgw_keys_over_llmgw_rps_ci95_lo_c{lvl}"] = lo
+                out[f"llmgw_keys_over_llmgw_rps_ci95_hi_c{lvl}"] = hi
     return out
 
 

@@ -9,6 +9,7 @@ comparable with what other tools (vllm's bench, genai-perf) print.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 
 
@@ -43,3 +44,46 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     if not finite:
         return {"median": math.nan, "min": math.nan, "max": math.nan}
     return {"median": percentile(finite, 50), "min": finite[0], "max": finite[-1]}
+
+
+def ratio_of_medians(pairs: Sequence[tuple[float, float]]) -> float:
+    """median(first) / median(second) of (a, b) pairs; NaN when empty or the second is 0."""
+    if not pairs:
+        return math.nan
+    den = median([b for _, b in pairs])
+    return median([a for a, _ in pairs]) / den if den else math.nan
+
+
+def bootstrap_ratio(
+    groups: Sequence[Sequence[tuple[float, float]]],
+    level: float = 0.95,
+    resamples: int = 4000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """A `level` percentile-bootstrap interval of `ratio_of_medians` over every pair of `groups`.
+
+    Each group is one run's (a, b) pairs, a and b measured in the same round. Two stages:
+    each resample draws as many groups as there are, with replacement, then as many pairs
+    from each drawn group as it holds, with replacement. Drawing the runs keeps what moves
+    a whole run (the host's state that day, where the scheduler put the threads) in the
+    interval, which drawing rounds alone would pool away; with one group it is the plain
+    bootstrap of that run's pairs. A pair is never split: the two sides of a round share the
+    machine's state. Seeded, so one set of results always gives one interval. (NaN, NaN)
+    when there is no pair.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be within 0..1, got {level}")
+    groups = [g for g in groups if g]
+    if not groups:
+        return math.nan, math.nan
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(resamples):
+        drawn: list[tuple[float, float]] = []
+        for _ in groups:
+            g = groups[rng.randrange(len(groups))]
+            drawn += [g[rng.randrange(len(g))] for _ in g]
+        stats.append(ratio_of_medians(drawn))
+    stats.sort()
+    tail = (1 - level) / 2 * 100
+    return percentile(stats, tail), percentile(stats, 100 - tail)
