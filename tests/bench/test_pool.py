@@ -105,3 +105,15 @@ def test_the_command_prints_the_table_writes_json_and_says_why_it_refuses(
     (tmp_path / "bad.json").write_text("{}")
     assert main(["pool", str(tmp_path / "bad.json")]) == 2
     assert "cannot read it as a bench result" in capsys.readouterr().err
+
+
+def test_committed_pools_decode_and_name_their_runs() -> None:
+    results = Path(__file__).parents[2] / "bench" / "results"
+    for path in sorted(results.glob("pooled-*.json")):
+        p = msgspec.json.decode(path.read_bytes(), type=pool_mod.Pooled)
+        assert p.kind == "pooled-throughput-keys" and p.levels, path
+        for f in p.files:  # every pooled run is committed beside it
+            assert (results.parent.parent / f).is_file(), f
+        for lv in p.levels:
+            assert len(lv.per_run) == len(p.files)
+            assert lv.ci95[0] <= lv.ratio_of_medians <= lv.ci95[1]
