@@ -287,19 +287,19 @@ class Gateway:
             assert keys is not None  # an entry comes from the keys
             project = keys.projects.get(entry.project_id)
             # From what the worker holds, without a coroutine: one native call for a key
-            # seen before (`Limiter.take` without its frame); else the limiter's `take`
-            # works it out, and `_admit` waits for a lease or answers the refusal (it takes
-            # again, and is refused again).
+            # seen before (`Limiter.take` without its frame), else (False) the limiter's
+            # `take` works the key's shares out once. None: what is held does not admit it,
+            # and `_admit` waits for a lease or answers the refusal (it takes once more).
             got = _core.take(limiter.memo, entry, project, limiter.clock(), cost)
-            if got is None or got is False:
+            if got is False:
                 try:
                     got = limiter.take(entry, project, cost)
                 except Denied:
                     got = None
+            if got is None:
+                got = await self._admit(protocol, rid, entry, project, model, cost)
                 if got is None:
-                    got = await self._admit(protocol, rid, entry, project, model, cost)
-                    if got is None:
-                        return None
+                    return None
             ticket = got
         call = Call(rid, model, target, stream, entry, keep)
         try:
