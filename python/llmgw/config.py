@@ -106,6 +106,18 @@ class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     eject_max: Seconds = 60.0
 
 
+class RetryBudget(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Retries across requests, per worker (`gateway.retry_budget`): when every replica fails,
+    retries stop multiplying the load on them."""
+
+    ratio: Annotated[float, msgspec.Meta(ge=0)] = 0.2
+    """Retries per request sent, over the last ten seconds or so: 0.2 adds at most a fifth
+    more tries; 0 leaves only `min_per_second`."""
+    min_per_second: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    """Retries a worker may make each second whatever its rate, so that a quiet gateway
+    still retries its few failures."""
+
+
 class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Where the gateway gets its keys and limits and sends its usage (`llmgw server`).
 
@@ -160,6 +172,7 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Largest non-streamed upstream answer read before giving up with 502."""
     retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 1
     """Further replicas tried when one fails before the first byte reached the client."""
+    retry_budget: RetryBudget = msgspec.field(default_factory=RetryBudget)
     retry_after_seconds: Annotated[int, msgspec.Meta(ge=1)] = 1
     endpoints: list[Endpoint] = msgspec.field(default_factory=list)
     aliases: dict[str, str] = msgspec.field(default_factory=dict)

@@ -1,6 +1,7 @@
 """Slow first bytes and retry storms (RELIABILITY.md B): `timeouts.first_byte` is the per-try
 deadline, after which the request goes to another replica (the slow try is cancelled);
-`retries` bounds the tries and `timeouts.total` the whole request, retries included."""
+`retries` bounds the tries and `timeouts.total` the whole request, retries included;
+`retry_budget` bounds retries across requests."""
 
 from __future__ import annotations
 
@@ -88,3 +89,25 @@ def test_a_replica_that_keeps_failing_is_ejected_for_longer_each_time(
         lines = [ln for ln in gw.proc.lines if "ejected for" in ln]
         got = [(ln.split("ejected for ")[1].split("s ")[0], ln.split("(ejection ")[1].split()[0]) for ln in lines]
         assert got == [("0.4", "1"), ("0.8", "2"), ("0.8", "3"), ("0.8", "4"), ("0.4", "1")], lines
+
+
+def test_retries_across_requests_stay_within_the_retry_budget(
+        gateway_factory: Callable[..., Gateway]) -> None:
+    # Both replicas answer 429 to every request (busy, never ejected): without a budget each
+    # request would be tried twice. With ratio 0.2 and no floor, retries add at most a fifth.
+    with start_sim("--model", "m") as a, start_sim("--model", "m") as b:
+        gw = gateway_factory([f"a={a.url}=m", f"b={b.url}=m"],
+                             {"retries": 1, "retry_budget": {"ratio": 0.2, "min_per_second": 0}})
+        n = 40
+        with _client(gw) as c:
+            for _ in range(n):
+                with pytest.raises(openai.APIStatusError) as busy:
+                    c.chat.completions.create(model="m", messages=MSG, max_tokens=1,
+                                              extra_headers={"x-sim-fault": "fail=429"})
+                assert busy.value.status_code == 429
+        recs = gw.usage(n)
+        retried = sum(r["retries"] for r in recs)
+        assert 5 <= retried <= n * 0.2, retried
+        assert all(r["status"] == "busy" for r in recs)
+        assert gw.metric("llmgw_upstream_retries_total", model="m") == retried
+        assert gw.metric("llmgw_upstream_retries_refused_total", model="m") == n - retried

@@ -24,6 +24,8 @@ TABLE: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "llmgw_time_to_first_token_seconds": (Histogram, "Time from request to the first generated token.", ("model",)),
     "llmgw_tokens_total": (Counter, "Tokens counted from upstream usage, by kind (prompt or completion).", ("model", "kind")),
     "llmgw_upstream_retries_total": (Counter, "Requests retried on another replica before the first byte.", ("model",)),
+    "llmgw_upstream_retries_refused_total": (Counter, ("Retries not made because the worker's retry budget "
+                                              "was spent (the failure went to the client)."), ("model",)),
     "llmgw_replica_ejections_total": (Counter, "Passive ejections of a replica after a connect error or 5xx.", ("replica",)),
     "llmgw_scale_from_zero_waits_total": (Counter, ("Requests held for a model with no replica, by how "
                                           "the wait ended (ready, timeout, gone, refused)."), ("model", "outcome")),
@@ -91,6 +93,7 @@ class Metrics:
         self._tokens = made["llmgw_tokens_total"]
         self._retries = made["llmgw_upstream_retries_total"]
         self._ejections = made["llmgw_replica_ejections_total"]
+        self._retries_refused = made["llmgw_upstream_retries_refused_total"]
         self._waits = made["llmgw_scale_from_zero_waits_total"]
         self._children: dict[tuple[str, ...], object] = {}
 
@@ -115,6 +118,10 @@ class Metrics:
     def retry(self, model: str) -> None:
         """Counts a retry on another replica."""
         self._child(self._retries, model).inc()  # type: ignore[union-attr]
+
+    def retry_refused(self, model: str) -> None:
+        """Counts a retry the retry budget did not allow."""
+        self._child(self._retries_refused, model).inc()  # type: ignore[union-attr]
 
     def ejection(self, replica: str) -> None:
         """Counts a passive ejection."""

@@ -22,6 +22,7 @@ from llmgw.wire import NULL, KeyEntry
 
 from .errors import Kind, error_body, sse_error_event, truncate
 from .replicas import Replica, ReplicaSet
+from .retry_budget import RetryBudget
 from .upstream import (
     ConnectFailed,
     ConnectionBroken,
@@ -139,12 +140,14 @@ class Proxy:
 
     def __init__(self, replicas: ReplicaSet, usage: UsageSink, metrics: Any, *, retries: int,
                  connect: float, first_byte: float, idle: float, total: float,
-                 max_response_bytes: int, retry_after: int) -> None:
+                 max_response_bytes: int, retry_after: int, budget: RetryBudget) -> None:
         self.replicas = replicas
         self.router = replicas.router
         self.usage = usage
         self.metrics = metrics
         self.retries = retries
+        self.budget = budget
+        """Retries across requests (see `retry_budget`): one per `forward`, one per retry."""
         self.connect = connect
         self.first_byte = first_byte
         self.idle = idle
@@ -158,6 +161,7 @@ class Proxy:
                       extra_headers: bytes, strip_usage: bool) -> None:
         """Runs the request to its end and answers the client; never raises."""
         call.timer = self.loop.call_later(DISCONNECT_WATCH_DELAY, self._watch, protocol, call)
+        self.budget.sent += 1
         call.estimate = len(body) // 4  # the open's prompt estimate: about 4 bytes of JSON per token
         try:
             await self._attempts(protocol, call, path, body, extra_headers, strip_usage)
@@ -233,6 +237,10 @@ class Proxy:
                 if call.gone:
                     raise _gone() from None
                 if len(tried) > self.retries or self.loop.time() >= deadline:
+                    raise last from None
+                if not self.budget.allow():
+                    # Every replica may be failing: a retry per request would double their load.
+                    self.metrics.retry_refused(call.model)
                     raise last from None
                 call.retries += 1
                 self.metrics.retry(call.model)
