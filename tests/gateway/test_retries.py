@@ -11,6 +11,8 @@ from collections.abc import Callable
 import openai
 import pytest
 
+from tests.procs import wait_for
+
 from .conftest import Gateway, http_get, metric_value, start_sim
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -86,7 +88,11 @@ def test_a_replica_that_keeps_failing_is_ejected_for_longer_each_time(
         assert c.chat.completions.create(model="m", messages=MSG, max_tokens=1).choices  # a success ends the run
         fail()
         c.close()
-        lines = [ln for ln in gw.proc.lines if "ejected for" in ln]
+        # The gateway logs an ejection before it answers, but the test reads its output on
+        # another thread: wait (bounded) for the fifth line rather than read it at once.
+        lines = wait_for("five ejection lines in the gateway's log",
+                         lambda: (found := [ln for ln in gw.proc.lines if "ejected for" in ln])[4:] and found,
+                         timeout=5.0)
         got = [(ln.split("ejected for ")[1].split("s ")[0], ln.split("(ejection ")[1].split()[0]) for ln in lines]
         assert got == [("0.4", "1"), ("0.8", "2"), ("0.8", "3"), ("0.8", "4"), ("0.4", "1")], lines
 
