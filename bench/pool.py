@@ -25,7 +25,7 @@ import msgspec
 from bench.keyed import NAME as KEYED
 from bench.report import Result, now_iso, today
 from bench.runner import ROOT, rps_pairs
-from bench.stats import bootstrap_ratio, median, ratio_of_medians
+from bench.stats import bootstrap_ratio, median, ratio_of_medians, ratio_spread
 
 PLAIN = "llmgw"
 TARGET = 0.9
@@ -122,7 +122,7 @@ def pool(results: list[Result], levels: list[int] | None = None) -> list[Level]:
             keyed_rps=median([a for a, _ in every]),
             ratio_of_medians=ratio_of_medians(every),
             ci95=bootstrap_ratio(groups),
-            paired_median=median([a / b for a, b in every if b > 0]),
+            paired_median=ratio_spread(every)["median"],
             per_run=per_run,
             runs_meeting=sum(r >= TARGET for r in per_run),
         ))

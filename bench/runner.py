@@ -26,7 +26,7 @@ from bench.keyed import Keyed
 from bench.load import LoadSpec, run_load
 from bench.procs import Sampler, Server, free_port, pin_group
 from bench.report import DIRECT, Round, Row, Target, versions
-from bench.stats import spread
+from bench.stats import ratio_spread, spread
 
 MODEL = "sim-model"
 ROOT = Path(__file__).resolve().parent.parent
@@ -320,8 +320,8 @@ def paired_rps_ratio(rounds: list[Round], name: str, base: str, c: int) -> dict[
     The spread a ratio of the two medians does not show: how far one round's pair moves
     on this machine. None when no round has both.
     """
-    ratios = [t / b for t, b in rps_pairs(rounds, name, base, c) if b > 0]
-    return spread(ratios) if ratios else None
+    pairs = rps_pairs(rounds, name, base, c)
+    return ratio_spread(pairs) if any(b > 0 for _, b in pairs) else None
 
 
 def rps_pairs(rounds: list[Round], name: str, base: str, c: int) -> list[tuple[float, float]]:

@@ -46,6 +46,11 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     return {"median": percentile(finite, 50), "min": finite[0], "max": finite[-1]}
 
 
+def ratio_spread(pairs: Sequence[tuple[float, float]]) -> dict[str, float]:
+    """`spread` of a / b over (a, b) pairs whose b is above 0: each round's own ratio."""
+    return spread([a / b for a, b in pairs if b > 0])
+
+
 def ratio_of_medians(pairs: Sequence[tuple[float, float]]) -> float:
     """median(first) / median(second) of (a, b) pairs; NaN when empty or the second is 0."""
     if not pairs:
