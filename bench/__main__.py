@@ -41,7 +41,7 @@ def _load(args: argparse.Namespace) -> int:
         return 2
     print(load_table(spec, result))
     if args.json:
-        doc = {"argv": sys.argv, "spec": spec, "result": result}
+        doc = {"argv": args.argv, "spec": spec, "result": result}
         Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode(doc)) + b"\n")
     return 0
 
@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     tb.set_defaults(fn=_table)
 
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `report.command` records
     if args.cmd == "load" and not args.requests and not args.duration:
         args.requests = 1000  # a load run always stops by itself
     rc: int = args.fn(args)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shlex
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from bench.report import Result, Target, git_state, machine_facts, now_iso, today
+from bench.report import Result, Target, command, git_state, machine_facts, now_iso, today
 from bench.runner import ROOT
 from llmgw import _core
 from llmgw.control.limits import LimitsAuthority
@@ -123,7 +122,7 @@ def run_auth(args: argparse.Namespace) -> int:
     code = git_state(str(ROOT))
     res = AuthResult(
         scenario="auth", date=today(), started_at=started, finished_at=now_iso(),
-        command=shlex.join([Path(sys.executable).name, "-m", "bench", *sys.argv[1:]]),
+        command=command(args),
         machine=machine, versions={"llmgw_git": code, "python": sys.version.split()[0]},
         settings={"rounds": rounds, "per_round": n, "keys": KEYS, "quick": bool(args.quick)},
         targets=[Target(name="auth+limits", kind="in-process", version=code, command=[])],

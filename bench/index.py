@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from bench.report import Result, Target, _f, git_state, machine_facts, now_iso, today
+from bench.report import Result, Target, _f, command, git_state, machine_facts, now_iso, today
 from bench.routing_report import Check, check
 from bench.runner import ROOT
 
@@ -126,7 +126,7 @@ def run_index(args: argparse.Namespace) -> int:
         date=today(),
         started_at=started,
         finished_at=now_iso(),
-        command=shlex.join([Path(sys.executable).name, "-m", "bench", *sys.argv[1:]]),
+        command=command(args),
         machine=machine,
         versions={"llmgw_git": code, "rustc": _rustc()},
         settings={

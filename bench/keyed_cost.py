@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ import uvloop
 from bench.keyed import NAME as KEYED
 from bench.load import LoadResult, LoadSpec, run_load
 from bench.procs import group_cpu_ns
-from bench.report import Result, Target, git_state, machine_facts, now_iso, today
+from bench.report import Result, Target, command, git_state, machine_facts, now_iso, today
 from bench.runner import MODEL, ROOT, Stack
 from bench.stats import median, spread
 
@@ -183,7 +182,7 @@ def run_keyed_cost(args: argparse.Namespace) -> int:
                f"{figs['keyed_cost_ratio_max']:.3f})" + (f"; VOID: {void}" if void else ""))
     res = KeyedCostResult(
         scenario="keyed-cost", date=today(), started_at=started, finished_at=now_iso(),
-        command=shlex.join([Path(sys.executable).name, "-m", "bench", *sys.argv[1:]]),
+        command=command(args),
         machine=machine, versions={"llmgw_git": code, "python": sys.version.split()[0]},
         settings={"windows": windows, "window_s": seconds, "rate_per_gateway": rate,
                   "concurrency": CONCURRENCY, "quick": bool(args.quick)},

@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 
 from bench.keyed import NAME as KEYED
-from bench.report import Result, now_iso, today
+from bench.report import Result, command, now_iso, today
 from bench.runner import ROOT, rps_pairs
 from bench.stats import bootstrap_ratio, median, ratio_of_medians, ratio_spread
 
@@ -160,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
         commits = [r.versions.get("llmgw_git", "") for r in results]
         note = "code not checked (--any-code)" if args.any_code else check_code(commits)
         levels = [int(x) for x in args.concurrency.split(",")] if args.concurrency else None
-        out = Pooled(date=today(), made_at=now_iso(), command=" ".join(["python -m bench", *sys.argv[1:]]),
+        out = Pooled(date=today(), made_at=now_iso(), command=command(args),
                      files=list(args.files), code=commits, code_note=note, target=TARGET,
                      levels=pool(results, levels))
     except PoolError as e:

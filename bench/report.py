@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import math
 import os
 import platform
+import shlex
 import sys
 from importlib import metadata
 
@@ -163,6 +165,14 @@ def void_check(summary: list[Row]) -> tuple[bool, str]:
                 f"c={c}: direct {direct[0]:,.0f} req/s < {VOID_FACTOR:g}x best gateway {best:,.0f}"
             )
     return bool(reasons), "; ".join(reasons)
+
+
+def command(args: argparse.Namespace) -> str:
+    """The command line that made a result: the arguments `bench.__main__.main` parsed (its
+    `argv` when called from Python, as the tests do), after this interpreter's `-m bench`."""
+    argv = getattr(args, "argv", None)
+    return shlex.join([os.path.basename(sys.executable), "-m", "bench",
+                       *(sys.argv[1:] if argv is None else argv)])
 
 
 def today() -> str:

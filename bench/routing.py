@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shlex
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ import uvloop
 from bench import peers as peers_mod
 from bench.oracle import Oracle, sim_tokenizer
 from bench.procs import Sampler, Server
-from bench.report import Target, git_state, machine_facts, now_iso, today, versions
+from bench.report import Target, command, git_state, machine_facts, now_iso, today, versions
 from bench.routing_report import (
     ORACLE,
     POLICIES,
@@ -111,7 +110,7 @@ def run_routing(args: argparse.Namespace) -> int:
         date=today(),
         started_at=started,
         finished_at=now_iso(),
-        command=shlex.join([Path(sys.executable).name, "-m", "bench", *sys.argv[1:]]),
+        command=command(args),
         machine=machine,
         versions={
             **versions("llmgw", "granian", "uvloop", "httptools", "msgspec"),

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import shlex
 import statistics
 import sys
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from bench.report import (
     Result,
     Round,
     Row,
+    command,
     git_state,
     machine_facts,
     now_iso,
@@ -199,7 +199,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         date=today(),
         started_at=started,
         finished_at=now_iso(),
-        command=shlex.join([Path(sys.executable).name, "-m", "bench", *sys.argv[1:]]),
+        command=command(args),
         machine=machine,
         versions={
             **versions("llmgw", "granian", "uvloop", "httptools", "msgspec"),

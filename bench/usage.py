@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import os
 import secrets
-import shlex
 import sys
 import tempfile
 import time
@@ -35,7 +34,17 @@ from pathlib import Path
 
 import msgspec
 
-from bench.report import Result, Target, _f, git_state, machine_facts, now_iso, today, versions
+from bench.report import (
+    Result,
+    Target,
+    _f,
+    command,
+    git_state,
+    machine_facts,
+    now_iso,
+    today,
+    versions,
+)
 from bench.routing_report import Check, check
 from bench.runner import ROOT
 from llmgw import wire
@@ -262,7 +271,7 @@ def run_usage(args: argparse.Namespace) -> int:
         date=today(),
         started_at=started,
         finished_at=now_iso(),
-        command=shlex.join([Path(sys.executable).name, "-m", "bench", *sys.argv[1:]]),
+        command=command(args),
         machine=machine,
         versions={**versions("llmgw", "asyncpg", "msgspec"), "llmgw_git": code},
         settings={"requests": n, "batch": size, "quick": bool(args.quick)},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from pathlib import Path
 
 import msgspec
@@ -93,6 +94,8 @@ def test_the_command_prints_the_table_writes_json_and_says_why_it_refuses(
     assert "| 32 | 4 | 100 | 94 | 0.940 |" in text
     doc = json.loads(out.read_text())
     assert doc["files"] == files and doc["target"] == 0.9
+    # The arguments given to `main`, not the test runner's own command line.
+    assert doc["command"].endswith(shlex.join(["-m", "bench", "pool", *files, "--out", str(out)]))
     assert doc["levels"][0]["runs_meeting"] == 2
 
     dirty = tmp_path / "dirty.json"
