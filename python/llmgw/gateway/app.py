@@ -36,7 +36,7 @@ from .limits import FREE, Denied, Limiter, Ticket, Unavailable
 from .metrics import Metrics
 from .proxy import Call, Proxy
 from .replicas import ReplicaSet
-from .retry_budget import RetryBudget
+from .retry_budget import RetryBank
 from .usage import UsageSink
 from .wake import Waker
 
@@ -122,7 +122,7 @@ class Gateway:
             self.replicas, self.usage, self.metrics, retries=self.cfg.retries,
             connect=t.connect, first_byte=t.first_byte, idle=t.idle, total=t.total,
             max_response_bytes=self.cfg.max_response_bytes, retry_after=self.cfg.retry_after_seconds,
-            budget=RetryBudget(self.cfg.retry_budget.ratio, self.cfg.retry_budget.min_per_second),
+            budget=RetryBank(self.cfg.retry_budget.ratio, self.cfg.retry_budget.min_per_second),
         )
         self.replicas.start_probes()
         cp = self.cfg.control_plane

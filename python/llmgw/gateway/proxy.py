@@ -22,7 +22,7 @@ from llmgw.wire import NULL, KeyEntry
 
 from .errors import Kind, error_body, sse_error_event, truncate
 from .replicas import Replica, ReplicaSet
-from .retry_budget import RetryBudget
+from .retry_budget import RetryBank
 from .upstream import (
     ConnectFailed,
     ConnectionBroken,
@@ -140,7 +140,7 @@ class Proxy:
 
     def __init__(self, replicas: ReplicaSet, usage: UsageSink, metrics: Any, *, retries: int,
                  connect: float, first_byte: float, idle: float, total: float,
-                 max_response_bytes: int, retry_after: int, budget: RetryBudget) -> None:
+                 max_response_bytes: int, retry_after: int, budget: RetryBank) -> None:
         self.replicas = replicas
         self.router = replicas.router
         self.usage = usage

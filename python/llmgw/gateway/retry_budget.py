@@ -25,8 +25,9 @@ WINDOW = 10.0
 """Seconds over which deposits fade (their time constant)."""
 
 
-class RetryBudget:
-    """A worker's retry budget; `sent` counts requests, `allow` decides a retry."""
+class RetryBank:
+    """A worker's retry budget as it runs (`config.RetryBudget` is its setting): `sent`
+    counts requests, `allow` decides a retry."""
 
     __slots__ = ("_at", "_clock", "_counted", "_tokens", "min_per_second", "ratio", "sent")
 
