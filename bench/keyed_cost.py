@@ -35,7 +35,7 @@ import uvloop
 
 from bench.keyed import NAME as KEYED
 from bench.load import LoadResult, LoadSpec, run_load
-from bench.procs import group_cpu_ns
+from bench.procs import TICK, busy_ticks, group_cpu_ns, machine_ticks
 from bench.report import Result, Target, command, git_state, machine_facts, now_iso, today
 from bench.runner import MODEL, ROOT, Stack
 from bench.stats import median, spread
@@ -81,11 +81,8 @@ def window(plain_ns: int, keyed_ns: int, cp_ns: int, machine_ns: int, plain: Loa
 
 
 def _machine_ns() -> int:
-    """Busy CPU time of the whole machine so far (user, nice, system, irq, softirq), in ns."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
-    return (user + nice + system + irq + softirq) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    """Busy CPU time of the whole machine so far (`bench.procs.busy_ticks`), in ns."""
+    return busy_ticks(machine_ticks()) * 1_000_000_000 // TICK
 
 
 def _void(w: Window, rate: float, seconds: float) -> str:

@@ -163,6 +163,37 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICK
 
 
+# /proc/stat's first line, the fields after "cpu", in clock ticks over every CPU: user,
+# nice, system, idle, iowait, irq, softirq, steal (guest time is inside user already).
+_STAT_FIELDS = 8
+
+
+def machine_ticks(text: str | None = None) -> tuple[int, ...]:
+    """The whole machine's CPU time so far, in ticks (`/proc/stat`'s first line, or `text`)."""
+    line = (text if text is not None else Path("/proc/stat").read_text()).split("\n", 1)[0]
+    fields = line.split()
+    if not fields or fields[0] != "cpu":
+        raise ValueError(f"not a /proc/stat cpu line: {line[:60]!r}")
+    got = [int(x) for x in fields[1:1 + _STAT_FIELDS]]
+    return tuple(got + [0] * (_STAT_FIELDS - len(got)))
+
+
+def busy_ticks(ticks: tuple[int, ...]) -> int:
+    """Of `machine_ticks`, the time the CPUs ran something: user, nice, system, irq, softirq."""
+    user, nice, system, _idle, _iowait, irq, softirq, _steal = ticks
+    return user + nice + system + irq + softirq
+
+
+def machine_split(before: tuple[int, ...], after: tuple[int, ...], wall_s: float) -> dict[str, float]:
+    """How the whole machine spent a span, in cores (CPU seconds / wall seconds): `busy`
+    (`busy_ticks`), `idle`, `iowait`, and `steal` (time the hypervisor gave this machine's
+    CPUs to others: a round with steal ran on a noisy host)."""
+    d = tuple(b - a for a, b in zip(before, after, strict=True))
+    cores = 1.0 / TICK / wall_s if wall_s > 0 else 0.0
+    return {"busy": busy_ticks(d) * cores, "idle": d[3] * cores, "iowait": d[4] * cores,
+            "steal": d[7] * cores}
+
+
 def _tasks(pids: list[int]) -> Iterator[tuple[int, int]]:
     """(pid, thread id) of every thread of pids (a process that just ended has none)."""
     for pid in pids:

@@ -58,6 +58,9 @@ class Round(msgspec.Struct, kw_only=True):
     server_busiest_kernel: dict[str, int] | None = None
     """What the kernel counted for that thread over the round (`bench.procs.ThreadTimes`:
     run_ns, wait_ns, sys_ticks, user_ticks, voluntary, involuntary); None where not read."""
+    machine: dict[str, float] | None = None
+    """The whole machine over the round, in cores (`bench.procs.machine_split`: busy, idle,
+    iowait, steal); None in results from before it was read."""
 
 
 class Row(msgspec.Struct, kw_only=True):

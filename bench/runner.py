@@ -24,7 +24,7 @@ from bench import peers as peers_mod
 from bench.keyed import NAME as KEYED
 from bench.keyed import Keyed
 from bench.load import LoadSpec, run_load
-from bench.procs import Sampler, Server, free_port, pin_group
+from bench.procs import Sampler, Server, free_port, machine_split, machine_ticks, pin_group
 from bench.report import DIRECT, Round, Row, Target, versions
 from bench.stats import ratio_spread, spread
 
@@ -234,8 +234,10 @@ def run_rounds(
             warm = {**_asdict(spec), "duration": warmup_s, "concurrency": min(c, 8), "grace": 1.0}
             uvloop.run(run_load(LoadSpec(**warm)))
         watched = name != DIRECT
+        ticks, t0 = machine_ticks(), time.perf_counter()
         with Sampler(srv.pid, detail=watched) as s_gw, Sampler(up.pid) as s_up:
             res = uvloop.run(run_load(spec))
+        machine = machine_split(ticks, machine_ticks(), time.perf_counter() - t0)
         out.append(
             Round(
                 round=r,
@@ -248,13 +250,16 @@ def run_rounds(
                 upstream_cpu=s_up.cpu,
                 server_busiest=s_gw.busiest if watched else None,
                 server_busiest_kernel=None if s_gw.busiest_delta is None else s_gw.busiest_delta._asdict(),
+                machine=machine,
             )
         )
         errs = sum(res.errors.values())
         print(
             f"bench: [{i}/{len(plan)}] c={c:<4} round {r} {name:<14} {res.rps:>9,.0f} req/s  "
             f"p50 {res.latency_ms['p50']:.3f} ms  p99 {res.latency_ms['p99']:.3f} ms"
-            + (f"  {errs} errors" if errs else ""),
+            + (f"  {errs} errors" if errs else "")
+            # Worth a look only when the hypervisor took a tenth of a core or more.
+            + (f"  steal {machine['steal']:.2f} cores" if machine["steal"] >= 0.1 else ""),
             file=sys.stderr,
         )
     return out

@@ -273,6 +273,12 @@ def _figures(
                 # What the kernel says of that thread, per request (medians over rounds): time
                 # it waited for a CPU, time in the kernel, and context switches, voluntary
                 # (it had nothing to do) and imposed; a slow round's cause is among these.
+                # The machine's idle cores while this gateway ran: near 0, the two cores were full;
+                # well above, one thread (the interpreter's) set the rate.
+                idle = [r.machine["idle"] for r in rounds
+                        if r.target == g and r.concurrency == lvl and r.machine is not None]
+                if idle:
+                    out[f"{g.replace('-', '_')}_machine_idle_cores_c{lvl}"] = statistics.median(idle)
                 kern = [(r.server_busiest_kernel, r.result.ok) for r in rounds
                         if r.target == g and r.concurrency == lvl and r.server_busiest_kernel and r.result.ok]
                 for key, figure, scale in (("wait_ns", "wait_us", 1e-3), ("sys_ticks", "sys_us", 1e6 / TICK),
@@ -281,6 +287,12 @@ def _figures(
                     if kern:
                         out[f"{g.replace('-', '_')}_busiest_{figure}_c{lvl}"] = statistics.median(
                             k[key] * scale / ok for k, ok in kern)
+            # Cores the hypervisor took during this level's rounds (every target): a run with
+            # steal measured a host that others were using too.
+            steal = [r.machine["steal"] for r in rounds if r.concurrency == lvl and r.machine is not None]
+            if steal:
+                out[f"machine_steal_cores_median_c{lvl}"] = statistics.median(steal)
+                out[f"machine_steal_cores_max_c{lvl}"] = max(steal)
             k = by.get((KEYED, lvl))
             if a and k and a.rps["median"] > 0:
                 # Issue 5: keys, limits and usage on cost at most 10% (rps ratio >= 0.9).

@@ -347,3 +347,44 @@ def test_pin_layout_keeps_the_gateways_off_the_load_generators_cpu(tmp_path: Pat
         os.sched_setaffinity(0, set(cpus))
         server.kill()
         server.wait()
+
+
+def test_machine_split_reads_proc_stat_and_says_how_the_machine_spent_a_span() -> None:
+    """Ticks from /proc/stat's first line; the span's busy, idle, iowait and steal in cores."""
+    from bench.procs import busy_ticks, machine_split, machine_ticks
+
+    before = machine_ticks("cpu  100 5 50 1000 10 3 2 0 0 0\ncpu0 1 2 3\n")
+    assert before == (100, 5, 50, 1000, 10, 3, 2, 0)
+    assert busy_ticks(before) == 160
+    # Two CPUs over one second: 1.2 cores busy, 0.5 idle, 0.1 waiting on I/O, 0.2 stolen.
+    after = tuple(a + round(d * TICK) for a, d in zip(before, (0.9, 0.1, 0.1, 0.5, 0.1, 0.06, 0.04, 0.2), strict=True))
+    split = machine_split(before, after, 1.0)
+    assert split == pytest.approx({"busy": 1.2, "idle": 0.5, "iowait": 0.1, "steal": 0.2})
+    # Old kernels write fewer fields: the missing ones read 0.
+    assert machine_ticks("cpu 1 2 3 4 5 6 7")[7] == 0
+    with pytest.raises(ValueError, match="not a /proc/stat cpu line"):
+        machine_ticks("intr 1 2 3")
+    live = machine_ticks()
+    assert len(live) == 8 and busy_ticks(live) > 0
+
+
+def test_throughput_figures_give_the_machines_idle_cores_and_the_steal_per_level() -> None:
+    """Each gateway's median idle cores while it ran, and the steal over every round of a
+    level; rounds from results before `machine` was read are left out, not read as zero."""
+    from bench.scenarios import _figures
+
+    def rnd(n: int, target: str, idle: float, steal: float, machine: bool = True) -> Round:
+        return Round(round=n, target=target, concurrency=32, stream=False, result=_res(1000.0),
+                     server_cpu=None, server_rss_mb=None, upstream_cpu=None,
+                     machine={"busy": 2.0 - idle - steal, "idle": idle, "iowait": 0.0, "steal": steal}
+                     if machine else None)
+
+    rounds = [rnd(1, DIRECT, 0.0, 0.05), rnd(1, "llmgw", 0.4, 0.0), rnd(1, "llmgw-keys", 0.5, 0.3),
+              rnd(2, DIRECT, 0.0, 0.0), rnd(2, "llmgw", 0.2, 0.1), rnd(2, "llmgw-keys", 0.3, 0.0),
+              rnd(3, "llmgw", 9.9, 9.9, machine=False)]
+    order = [DIRECT, "llmgw", "llmgw-keys"]
+    figs = _figures("throughput", rounds, fold(rounds, order), [32])
+    assert figs["llmgw_machine_idle_cores_c32"] == pytest.approx(0.3)
+    assert figs["llmgw_keys_machine_idle_cores_c32"] == pytest.approx(0.4)
+    assert figs["machine_steal_cores_median_c32"] == pytest.approx(0.025)
+    assert figs["machine_steal_cores_max_c32"] == pytest.approx(0.3)
