@@ -281,9 +281,12 @@ def test_a_share_that_spends_units_fast_asks_for_more_than_4096() -> None:
         return waits, max(a.units for c in lease.calls for a in c.asks)
 
     waits, largest = asyncio.run(asyncio.wait_for(main(), 15))
-    # Waits while the batch doubles from 32; none in the last second once grants are
-    # larger than what a second takes (a bound of 4,096 waited every 0.4 s).
-    assert [w for w in waits if w > 2.0] == [], waits
+    # Waits while the batch doubles from 32; then grants outlast what a second takes, and the
+    # last second waits at most once (a bound of 4,096 waited every 0.4 s: two or three times).
+    # One, not none: renewing ahead assumes the next second's pace is under twice the last
+    # one's, and on a loaded CI machine this loop's own pace can double when a stall ends
+    # (a wait at 2.998 s once failed CI).
+    assert len([w for w in waits if w > 2.0]) <= 1, waits
     assert largest > 4096
 
 
