@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from bench.stats import percentiles
-from llmgw.gateway.upstream import (
+from llmgw.upstream import (
     ConnectFailed,
     Pool,
     UpstreamError,

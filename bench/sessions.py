@@ -22,7 +22,7 @@ from typing import Protocol
 
 from bench.load import LoadResult, LoadSpec, _error_kind, _one, _Run, summarise
 from bench.workload import Workload
-from llmgw.gateway.upstream import Pool, UpstreamError
+from llmgw.upstream import Pool, UpstreamError
 
 CHAT_PATH = "/v1/chat/completions"
 

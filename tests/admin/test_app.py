@@ -13,11 +13,11 @@ import msgspec
 import pytest
 from inline_snapshot import snapshot
 
+from llmgw import datadir
 from llmgw.admin.app import MAX_ADMIN_BODY, AdminApp
 from llmgw.admin.meta import ROUTES as META
 from llmgw.admin.openapi import document
 from llmgw.admin.route import ApiError, Param, Raw, Request, Route
-from llmgw.control import datadir
 from llmgw.control.server import ControlPlane
 from llmgw.control.settings import ServerConfig
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from llmgw.cli.ctl.client import Client
-from llmgw.control.datadir import read_admin_token
+from llmgw.datadir import read_admin_token
 from tests.procs import Proc, free_port, start_process
 
 SERVER_READY = "llmgw control plane listening on"

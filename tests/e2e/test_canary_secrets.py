@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from llmgw.control.datadir import read_admin_token, read_secret
+from llmgw.datadir import read_admin_token, read_secret
 from llmgw.secrets import GATEWAY_TOKEN_LABEL, derive
 
 from .conftest import Cluster

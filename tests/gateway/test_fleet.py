@@ -14,9 +14,9 @@ from llmgw.admin.route import ApiError, Request
 from llmgw.config import Endpoint, Health
 from llmgw.gateway.fleet import Catalog, diff_replicas
 from llmgw.gateway.replicas import ReplicaSet
-from llmgw.gateway.upstream import Pool
 from llmgw.gateway.wake import Waker, WakeRefused
 from llmgw.store.errors import Invalid, NotFound, TenancyError
+from llmgw.upstream import Pool
 from llmgw.wire import ModelEntry, ReplicaEntry, WakeReply, WakeRequest
 
 

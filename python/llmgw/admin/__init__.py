@@ -1,1 +1,1 @@
-"""The admin API: one route table, its handlers, and the OpenAPI document made from it; imports no gateway code."""
+"""The admin API: one route table, its handlers, and the OpenAPI document made from it; imports nothing from gateway/."""

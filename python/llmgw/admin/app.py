@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl
 
 import msgspec
 
-from llmgw.control import datadir
+from llmgw import datadir
 from llmgw.control.server import token_digest
 from llmgw.serving import read_body
 from llmgw.store.db import Conflict, StoreError

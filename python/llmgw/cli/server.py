@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO
 
 from llmgw.config import ConfigError
-from llmgw.control.datadir import DataDirError
+from llmgw.datadir import DataDirError
 from llmgw.serving import serve_app
 
 
@@ -37,7 +37,7 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
     migrates, and puts the process under `cpu_scheduling` (before granian forks the worker,
     which inherits it); returns the worker's config and the lock's file (held while it is
     open)."""
-    from llmgw.control import datadir
+    from llmgw import datadir
     from llmgw.control.settings import (
         ServerConfig,
         default_data_dir,

@@ -131,7 +131,7 @@ def _echo(stream: IO[str]) -> None:
 
 
 def _client(admin_url: str, data_dir: Path) -> Any:
-    from llmgw.control.datadir import read_admin_token
+    from llmgw.datadir import read_admin_token
 
     from .ctl.client import Client
 

@@ -1,1 +1,1 @@
-"""The control plane: its process and state, the catalog, inventory, placement and the reconciler; imports no gateway code."""
+"""The control plane: its process and state, the catalog, inventory, placement and the reconciler; imports nothing from gateway/."""

@@ -33,11 +33,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmgw import datadir
 from llmgw.secrets import GATEWAY_TOKEN_LABEL, HASH_LABEL, JOIN_HASH_LABEL, derive
 from llmgw.store import Database, connect, migrate
 from llmgw.store.usage_post import Post
 
-from . import datadir
 from .leader import Leadership
 from .settings import CONFIG_ENV, ServerConfig, Settings, decode_config
 

@@ -27,10 +27,10 @@ from urllib.parse import urlsplit
 import msgspec
 
 from llmgw.config import ControlPlane
+from llmgw.upstream import Pool, UpstreamError, fetch
 from llmgw.wire import LeaseReply, LeaseRequest, Snapshot, WakeRequest
 
 from .credentials import Credentials
-from .upstream import Pool, UpstreamError, fetch
 from .usage import BatchRejected
 from .wake import WakeRefused
 

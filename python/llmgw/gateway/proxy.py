@@ -18,12 +18,7 @@ import msgspec
 from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
-from llmgw.wire import NULL, KeyEntry
-
-from .errors import Kind, error_body, sse_error_event, truncate
-from .replicas import Replica, ReplicaSet
-from .retry_budget import RetryBank
-from .upstream import (
+from llmgw.upstream import (
     ConnectFailed,
     ConnectionBroken,
     Exchange,
@@ -31,6 +26,11 @@ from .upstream import (
     UpstreamTimeout,
     _Cancelled,
 )
+from llmgw.wire import NULL, KeyEntry
+
+from .errors import Kind, error_body, sse_error_event, truncate
+from .replicas import Replica, ReplicaSet
+from .retry_budget import RetryBank
 from .usage import UsageOpen, UsageSink
 
 log = logging.getLogger("llmgw.gateway")

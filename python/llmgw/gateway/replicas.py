@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable
 
 from llmgw import _core
 from llmgw.config import Endpoint, Health
+from llmgw.upstream import Pool, UpstreamError, fetch
 from llmgw.wire import ReplicaEntry
 
 from .engine_load import parse_engine_load
 from .fleet import diff_replicas
-from .upstream import Pool, UpstreamError, fetch
 
 log = logging.getLogger("llmgw.gateway")
 

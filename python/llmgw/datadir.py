@@ -1,11 +1,14 @@
-"""The control plane's data dir: the cluster secret and the admin token, owner-only.
+"""The data dir's secret files: the cluster secret and the admin token, owner-only.
+
+The control plane creates them (`prepare`); a gateway on the same machine reads the
+cluster secret from them (`read_secret`). Apart from both, so that neither imports the other.
 
 Both files are created at first start with mode 0600 (O_EXCL, so two control
 planes starting together cannot write different secrets over each other), and a
 start refuses to go on when either has become readable by group or others:
 copying a secret around is how it leaks, and saying so beats serving with it.
 
-File formats (gateways read `secret` without importing this module):
+File formats (a gateway elsewhere gets its secrets from the environment instead):
 - `secret`: the 32-byte cluster secret as 64 lowercase hex characters and a newline;
 - `admin-token`: `llmgw-admin-` + 43 urlsafe characters and a newline.
 """

@@ -1,4 +1,8 @@
-"""The upstream HTTP/1.1 client: keep-alive connection pools per replica, on uvloop and httptools.
+"""The project's HTTP/1.1 client: keep-alive connection pools per upstream, on uvloop and httptools.
+
+The gateway sends requests to replicas and calls the control plane with it; a standby
+control plane forwards to its leader with it (`admin.forward`), and the bench's load
+generator uses it too. It imports nothing else of llmgw, so each of them may.
 
 Why not an HTTP client in the Rust extension: every body chunk would then cross
 from a tokio thread to the event loop (`call_soon_threadsafe`, one wake-up of
