@@ -319,13 +319,12 @@ def paired_added(rounds: list[Round], name: str, key: str, c: int) -> float | No
     return None if math.isnan(med) else med
 
 
-def paired_rps_ratio(rounds: list[Round], name: str, base: str, c: int) -> dict[str, float] | None:
-    """Median, min and max over rounds of name's req/s over base's in the same round.
+def paired_rps_ratio(pairs: list[tuple[float, float]]) -> dict[str, float] | None:
+    """Median, min and max over `rps_pairs` of each round's own ratio.
 
     The spread a ratio of the two medians does not show: how far one round's pair moves
     on this machine. None when no round has both.
     """
-    pairs = rps_pairs(rounds, name, base, c)
     return ratio_spread(pairs) if any(b > 0 for _, b in pairs) else None
 
 

@@ -301,13 +301,14 @@ def _figures(
                 out[f"llmgw_keys_over_llmgw_p99_c{lvl}"] = k.p99_ms["median"] / a.p99_ms["median"]
                 # Beside it, each round's own ratio (the two ran one after the other): the
                 # median and the spread, which says how much one run's ratio can move.
-                paired = paired_rps_ratio(rounds, KEYED, "llmgw", lvl)
+                pairs = rps_pairs(rounds, KEYED, "llmgw", lvl)
+                paired = paired_rps_ratio(pairs)
                 if paired is not None:
                     for stat in ("median", "min", "max"):
                         out[f"llmgw_keys_over_llmgw_rps_paired_{stat}_c{lvl}"] = paired[stat]
                 # And where the ratio of medians lies, from this run's rounds alone: a 95%
                 # bootstrap interval (`python -m bench pool` gives it over several runs).
-                lo, hi = bootstrap_ratio([rps_pairs(rounds, KEYED, "llmgw", lvl)])
+                lo, hi = bootstrap_ratio([pairs])
                 out[f"llmgw_keys_over_llmgw_rps_ci95_lo_c{lvl}"] = lo
                 out[f"llmgw_keys_over_llmgw_rps_ci95_hi_c{lvl}"] = hi
     return out

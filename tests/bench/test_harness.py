@@ -18,7 +18,7 @@ import pytest
 from bench.load import LoadResult, LoadSpec, build_request, content_events, target_path
 from bench.procs import TICK, Sampler
 from bench.report import DIRECT, Machine, Result, Round, Row, Target, summary_table, void_check
-from bench.runner import Stack, fold, paired_added, paired_rps_ratio, schedule
+from bench.runner import Stack, fold, paired_added, paired_rps_ratio, rps_pairs, schedule
 from bench.stats import spread
 
 
@@ -127,11 +127,11 @@ def test_paired_rps_ratio_divides_within_each_round_and_reports_the_spread() -> 
     # A round where only one side ran is left out.
     rounds.append(Round(round=4, target="llmgw", concurrency=32, stream=False, result=_res(999),
                         server_cpu=None, server_rss_mb=None, upstream_cpu=None))
-    got = paired_rps_ratio(rounds, "llmgw-keys", "llmgw", 32)
+    got = paired_rps_ratio(rps_pairs(rounds, "llmgw-keys", "llmgw", 32))
     assert got is not None
     assert got["median"] == pytest.approx(0.9)
     assert (got["min"], got["max"]) == (pytest.approx(0.8), pytest.approx(0.95))
-    assert paired_rps_ratio(rounds, "llmgw-keys", "llmgw", 256) is None
+    assert paired_rps_ratio(rps_pairs(rounds, "llmgw-keys", "llmgw", 256)) is None
 
 
 def _result() -> Result:
