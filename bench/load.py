@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from bench.stats import percentiles
+from llmgw.deadlines import Deadlines
 from llmgw.upstream import (
     ConnectFailed,
     Pool,
@@ -273,7 +274,10 @@ async def run_load(spec: LoadSpec, progress: bool = False, warmup: int = 0) -> L
     host, port, _ = target_path(spec.url)
     head, body = build_request(spec)
     loop = asyncio.get_running_loop()
-    pools: list[Pool] = [Pool(loop, host, port, max_idle=1) for _ in range(spec.concurrency)]
+    # One connection per worker, every wait timed on one wheel (a wheel each would arm a
+    # loop timer per worker per tick).
+    deadlines = Deadlines(loop)
+    pools: list[Pool] = [Pool(loop, host, port, max_idle=1, deadlines=deadlines) for _ in range(spec.concurrency)]
     # Open every connection (and warm it) before the clock starts: connect cost is not load.
     warm = _Run(LoadSpec(**{**msgspec.structs.asdict(spec), "requests": 0, "duration": 0.0}))
     warm.end = time.perf_counter() + spec.timeout

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from bench.load import LoadResult, LoadSpec, _error_kind, _one, _Run, summarise
 from bench.workload import Workload
+from llmgw.deadlines import Deadlines
 from llmgw.upstream import Pool, UpstreamError
 
 CHAT_PATH = "/v1/chat/completions"
@@ -95,6 +96,7 @@ async def run_sessions(
     )
     run = _Run(spec)
     loop = asyncio.get_running_loop()
+    deadlines = Deadlines(loop)  # every worker's waits on one wheel
     users = iter(range(len(workload.bodies)))
     run.start = time.perf_counter()
     run.end = run.start + duration
@@ -109,7 +111,7 @@ async def run_sessions(
                     port = router.route(body)
                     pool = pools.get(port)
                     if pool is None:
-                        pool = pools[port] = Pool(loop, "127.0.0.1", port, max_idle=1)
+                        pool = pools[port] = Pool(loop, "127.0.0.1", port, max_idle=1, deadlines=deadlines)
                     try:
                         await _one(run, pool, head(port, body), body)
                     except (UpstreamError, OSError, TimeoutError) as e:

@@ -11,8 +11,9 @@ anyway. An asyncio Protocol gets the bytes on the loop thread directly, httptool
 parses them in C, and the Rust stream tap is called synchronously on them.
 
 One `Exchange` is one request/response on one connection. Its waits (head, next
-chunk) are bounded by deadlines armed with `loop.call_at`, one timer per wait
-that actually blocks: a chunk that is already buffered costs no timer at all.
+chunk) are bounded by deadlines on the pool's `Deadlines` (one loop timer for all of
+them, shared by every pool of a gateway worker), armed only for a wait that actually
+blocks: a chunk that is already buffered arms nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections import deque
 from typing import Final
 
 import httptools
+
+from llmgw.deadlines import Deadlines
 
 
 class UpstreamError(Exception):
@@ -80,6 +83,9 @@ class Exchange(asyncio.Protocol):
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.loop = pool.loop
+        self.deadlines = pool.deadlines
+        self.late: UpstreamError | None = None
+        """What the wait under way fails with at its deadline."""
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.state = _DONE
@@ -162,17 +168,20 @@ class Exchange(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_result(None)
 
-    def _on_deadline(self, err: UpstreamError) -> None:
-        self._fail(err)
-        self.close()
+    @staticmethod
+    def _on_deadline(ex: Exchange) -> None:
+        assert ex.late is not None
+        ex._fail(ex.late)
+        ex.close()
 
     async def _wait(self, deadline: float, err: UpstreamError) -> None:
         self.waiter = w = self.loop.create_future()
-        timer = self.loop.call_at(deadline, self._on_deadline, err)
+        self.late = err
+        slot = self.deadlines.add(deadline, self, Exchange._on_deadline)
         try:
             await w
         finally:
-            timer.cancel()
+            self.deadlines.remove(slot, self)
             self.waiter = None
 
     def send(self, head: bytes, body: bytes) -> None:
@@ -256,8 +265,10 @@ class Pool:
     """Idle keep-alive connections to one replica."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int, max_idle: int = 512,
-                 auth: str | None = None) -> None:
+                 auth: str | None = None, deadlines: Deadlines | None = None) -> None:
         self.loop = loop
+        self.deadlines = deadlines if deadlines is not None else Deadlines(loop)
+        """Where its exchanges' waits are timed: a gateway worker's pools share one."""
         self.host = host
         self.port = port
         self.max_idle = max_idle

@@ -73,6 +73,7 @@ class Call:
         "keep",
         "model",
         "prompt",
+        "protocol",
         "replica",
         "retries",
         "rid",
@@ -82,9 +83,9 @@ class Call:
         "stream",
         "t0",
         "target",
-        "timer",
         "ttft",
         "watch",
+        "watch_slot",
     )
 
     def __init__(self, rid: str, model: str, target: str, stream: bool,
@@ -106,7 +107,10 @@ class Call:
         self.exchange: Exchange | None = None
         self.gone = False
         self.watch: asyncio.Future[Any] | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.protocol: Any = None
+        """The client's RSGI protocol, from `forward` on (what the watch listens on)."""
+        self.watch_slot = 0
+        """Where the disconnect watch's deadline waits (`Deadlines.add`)."""
         self.prompt = 0
         self.completion = 0
         self.estimated = False
@@ -155,12 +159,14 @@ class Proxy:
         self.max_response_bytes = max_response_bytes
         self.retry_after = retry_after
         self.loop = replicas.loop
+        self.deadlines = replicas.deadlines
 
     # -- entry --------------------------------------------------------------------
     async def forward(self, protocol: Any, call: Call, path: bytes, body: bytes,
                       extra_headers: bytes, strip_usage: bool) -> None:
         """Runs the request to its end and answers the client; never raises."""
-        call.timer = self.loop.call_later(DISCONNECT_WATCH_DELAY, self._watch, protocol, call)
+        call.protocol = protocol
+        call.watch_slot = self.deadlines.add(self.loop.time() + DISCONNECT_WATCH_DELAY, call, self._watch)
         self.budget.sent += 1
         call.estimate = len(body) // 4  # the open's prompt estimate: about 4 bytes of JSON per token
         try:
@@ -179,7 +185,7 @@ class Proxy:
                 Kind.INTERNAL, f"the gateway failed on this request; its log has the details under request id {call.rid}",
                 "internal_error"))
         finally:
-            call.timer.cancel()
+            self.deadlines.remove(call.watch_slot, call)
             if call.watch is not None:
                 # granian keeps this future until the client's connection closes,
                 # which keep-alive clients never do: unhook the callback, or every
@@ -189,8 +195,8 @@ class Proxy:
                 call.watch = None
             self._account(call)
 
-    def _watch(self, protocol: Any, call: Call) -> None:
-        call.watch = fut = asyncio.ensure_future(protocol.client_disconnect())
+    def _watch(self, call: Call) -> None:
+        call.watch = fut = asyncio.ensure_future(call.protocol.client_disconnect())
         fut.add_done_callback(call.client_gone)
         # Queued for the next post (built then, if the call is still running: `Call.usage_open`),
         # so that a gateway killed while it runs leaves a row the control plane settles.

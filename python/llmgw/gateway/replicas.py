@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 
 from llmgw import _core
 from llmgw.config import Endpoint, Health
+from llmgw.deadlines import Deadlines
 from llmgw.upstream import Pool, UpstreamError, fetch
 from llmgw.wire import ReplicaEntry
 
@@ -71,11 +72,15 @@ class ReplicaSet:
         endpoints: list[Endpoint],
         health: Health,
         on_ejection: Callable[[str], None] | None = None,
+        deadlines: Deadlines | None = None,
     ) -> None:
         self.loop = loop
+        self.deadlines = deadlines if deadlines is not None else Deadlines(loop)
+        """The worker's deadlines, which every replica's pool times its waits on."""
         self.health = health
         self.router = _core.Router()
-        self.static = [Replica(e, i, Pool(loop, e.host, e.port)) for i, e in enumerate(endpoints)]
+        self.static = [Replica(e, i, Pool(loop, e.host, e.port, deadlines=self.deadlines))
+                       for i, e in enumerate(endpoints)]
         self.placed: dict[str, Replica] = {}
         """Replicas from the control plane's snapshot, by id, in the order they came."""
         self.replicas: list[Replica] = []
@@ -115,7 +120,8 @@ class ReplicaSet:
         for entry in d.added:
             try:
                 endpoint = endpoint_of(entry)
-                pool = Pool(self.loop, endpoint.host, endpoint.port, auth=entry.engine_key)
+                pool = Pool(self.loop, endpoint.host, endpoint.port, auth=entry.engine_key,
+                            deadlines=self.deadlines)
             except ValueError as e:
                 log.warning("the control plane published replica %s, which this gateway cannot route to "
                             "(%s); it is left out", entry.id, e)
