@@ -21,6 +21,8 @@ from pathlib import Path
 import uvloop
 
 from bench import peers as peers_mod
+from bench.base import NAME as BASE
+from bench.base import env as base_env
 from bench.keyed import NAME as KEYED
 from bench.keyed import Keyed
 from bench.load import LoadSpec, run_load
@@ -52,6 +54,8 @@ class Stack:
     log: list[str] = field(default_factory=list)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="llmgw-bench-")))
     keyed: Keyed | None = None
+    base: tuple[Path, str] | None = None
+    """(`python/` directory, commit) of `--base`: also run the plain gateway from there."""
     api_keys: dict[str, str] = field(default_factory=lambda: dict(peers_mod.API_KEYS))
     """The bearer token each target wants; others get `bench`."""
 
@@ -110,30 +114,31 @@ class Stack:
             )
         )
         if with_llmgw:
-            gport = free_port()
-            gw_args = [
-                llmgw_bin(),
-                "gateway",
-                "--endpoint",
-                f"sim={sim.url}={MODEL}",
-                "--port",
-                str(gport),
-                "--workers",
-                "1",
-            ]
-            t = Target(
-                name="llmgw", kind="gateway", version=versions("llmgw")["llmgw"], command=gw_args
-            )
-            try:
-                gw = Server("llmgw", gw_args, gport)
-                gw.wait_ready(60, "/health", "llmgw gateway listening on")
-                self.servers["llmgw"] = gw
-                t.url = gw.url
-            except RuntimeError as e:
-                t.status = f"start failed: {e}"
-            self.targets.append(t)
+            self._start_gateway("llmgw", sim.url)
+            if self.base is not None:
+                path, commit = self.base
+                self._start_gateway(BASE, sim.url, base_env(path),
+                                    f"llmgw gateway from {commit[:12]}'s python/ (PYTHONPATH={path}), "
+                                    "this build's Rust core")
         for name in self.peer_names:
             self._start_peer(name, sim.url)
+
+    def _start_gateway(self, name: str, upstream: str, env: dict[str, str] | None = None,
+                       notes: str = "") -> None:
+        """A plain llmgw gateway (one worker) in front of `upstream`, as the target `name`."""
+        gport = free_port()
+        gw_args = [llmgw_bin(), "gateway", "--endpoint", f"sim={upstream}={MODEL}", "--port", str(gport),
+                   "--workers", "1"]
+        t = Target(name=name, kind="gateway", version=versions("llmgw")["llmgw"], command=gw_args,
+                   notes=notes)
+        try:
+            gw = Server(name, gw_args, gport, env=env)
+            gw.wait_ready(60, "/health", "llmgw gateway listening on")
+            self.servers[name] = gw
+            t.url = gw.url
+        except RuntimeError as e:
+            t.status = f"start failed: {e}"
+        self.targets.append(t)
 
     def _start_peer(self, name: str, upstream: str) -> None:
         if name == KEYED:

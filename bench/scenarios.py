@@ -26,6 +26,8 @@ from typing import Any
 import msgspec
 import uvloop
 
+from bench.base import NAME as BASE
+from bench.base import BaseError, export
 from bench.keyed import NAME as KEYED
 from bench.load import LoadSpec, run_load
 from bench.procs import TICK, Sampler, group_pids, rss_bytes
@@ -132,6 +134,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="keep the load generator and llmgw-keys' control plane on the first CPU, "
                         "the upstream and the gateways on the others (default: the scheduler "
                         "places every thread)")
+    p.add_argument("--base", metavar="REV",
+                   help="throughput/overhead: also run llmgw's gateway from git revision REV's python/ "
+                        "(target llmgw-base, this build's Rust core; refused when rust/ differs), "
+                        "for a before/after measured in the same rounds")
     p.add_argument("--rate", type=float,
                    help="keyed-cost: requests per second to each gateway (default 2500)")
     p.add_argument("--out", help="result path (default bench/results/SCENARIO-DATE.json)")
@@ -166,6 +172,16 @@ def run_scenario(args: argparse.Namespace) -> int:
         raise SystemExit(f"--upstream fast answers only non-streamed requests; the {args.scenario} "
                          "scenario needs the simulator (--upstream sim)")
     stack = Stack(output_tokens=tokens, peer_names=peer_names, upstream=args.upstream)
+    base_git = ""
+    if getattr(args, "base", None):
+        if args.scenario not in ("throughput", "overhead"):
+            raise SystemExit(f"--base compares plain gateways in the throughput and overhead scenarios, "
+                             f"not in {args.scenario}")
+        try:
+            stack.base = export(ROOT, args.base, stack.workdir / "base")
+        except BaseError as e:
+            raise SystemExit(f"bench: {e}") from None
+        base_git = stack.base[1][:12]
     figures: dict[str, float | None] = {}
     pinned = ""
     try:
@@ -204,6 +220,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         versions={
             **versions("llmgw", "granian", "uvloop", "httptools", "msgspec"),
             "llmgw_git": code,
+            **({"llmgw_base_git": base_git} if base_git else {}),
         },
         settings={
             "rounds": rounds,
@@ -263,7 +280,7 @@ def _figures(
             # CPU per request (µs), the median over rounds of each round's CPU / req/s: what
             # the gateway spends whatever the wall rate a busy machine let it reach; and the
             # same for its busiest thread (the interpreter's), the steadier of the two figures.
-            for g in ("llmgw", KEYED):
+            for g in ("llmgw", KEYED, BASE):
                 for field, figure in (("server_cpu", "gateway_cpu_us"), ("server_busiest", "busiest_thread_us")):
                     per = [getattr(r, field) / r.result.rps * 1e6 for r in rounds
                            if r.target == g and r.concurrency == lvl and getattr(r, field)
@@ -293,25 +310,36 @@ def _figures(
             if steal:
                 out[f"machine_steal_cores_median_c{lvl}"] = statistics.median(steal)
                 out[f"machine_steal_cores_max_c{lvl}"] = max(steal)
-            k = by.get((KEYED, lvl))
-            if a and k and a.rps["median"] > 0:
-                # Issue 5: keys, limits and usage on cost at most 10% (rps ratio >= 0.9).
-                out[f"llmgw_keys_over_llmgw_rps_c{lvl}"] = k.rps["median"] / a.rps["median"]
-                out[f"llmgw_keys_over_llmgw_p50_c{lvl}"] = k.p50_ms["median"] / a.p50_ms["median"]
-                out[f"llmgw_keys_over_llmgw_p99_c{lvl}"] = k.p99_ms["median"] / a.p99_ms["median"]
-                # Beside it, each round's own ratio (the two ran one after the other): the
-                # median and the spread, which says how much one run's ratio can move.
-                pairs = rps_pairs(rounds, KEYED, "llmgw", lvl)
-                paired = paired_rps_ratio(pairs)
-                if paired is not None:
-                    for stat in ("median", "min", "max"):
-                        out[f"llmgw_keys_over_llmgw_rps_paired_{stat}_c{lvl}"] = paired[stat]
-                # And where the ratio of medians lies, from this run's rounds alone: a 95%
-                # bootstrap interval (`python -m bench pool` gives it over several runs).
-                lo, hi = bootstrap_ratio([pairs])
-                out[f"llmgw_keys_over_llmgw_rps_ci95_lo_c{lvl}"] = lo
-                out[f"llmgw_keys_over_llmgw_rps_ci95_hi_c{lvl}"] = hi
+            # Issue 5: keys, limits and usage on cost at most 10% (rps ratio >= 0.9).
+            _side_by_side(out, rounds, by, KEYED, "llmgw", lvl)
+            # --base: today's gateway over the same gateway at another commit.
+            _side_by_side(out, rounds, by, "llmgw", BASE, lvl)
     return out
+
+
+def _side_by_side(out: dict[str, float | None], rounds: list[Round], by: dict[tuple[str, int], Row],
+                  name: str, base: str, lvl: int) -> None:
+    """`name` over `base` at level `lvl`, when both ran: the ratio of their medians (req/s,
+    p50, p99), each round's own req/s ratio and a 95% interval of the first."""
+    a, k = by.get((base, lvl)), by.get((name, lvl))
+    if not (a and k and a.rps["median"] > 0):
+        return
+    key = f"{name}_over_{base}".replace("-", "_")
+    out[f"{key}_rps_c{lvl}"] = k.rps["median"] / a.rps["median"]
+    out[f"{key}_p50_c{lvl}"] = k.p50_ms["median"] / a.p50_ms["median"]
+    out[f"{key}_p99_c{lvl}"] = k.p99_ms["median"] / a.p99_ms["median"]
+    # Beside it, each round's own ratio (the two ran one after the other): the median and
+    # the spread, which says how much one run's ratio can move.
+    pairs = rps_pairs(rounds, name, base, lvl)
+    paired = paired_rps_ratio(pairs)
+    if paired is not None:
+        for stat in ("median", "min", "max"):
+            out[f"{key}_rps_paired_{stat}_c{lvl}"] = paired[stat]
+    # And where the ratio of medians lies, from this run's rounds alone: a 95% bootstrap
+    # interval (`python -m bench pool` gives it over several runs).
+    lo, hi = bootstrap_ratio([pairs])
+    out[f"{key}_rps_ci95_lo_c{lvl}"] = lo
+    out[f"{key}_rps_ci95_hi_c{lvl}"] = hi
 
 
 def _soak(stack: Stack, total: int, c: int, figures: dict[str, float | None]) -> list[Round]:
