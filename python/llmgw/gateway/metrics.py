@@ -96,6 +96,8 @@ class Metrics:
         self._retries_refused = made["llmgw_upstream_retries_refused_total"]
         self._waits = made["llmgw_scale_from_zero_waits_total"]
         self._children: dict[tuple[str, ...], object] = {}
+        self._per_request: dict[tuple[str, str], tuple[Counter | Histogram, ...]] = {}
+        """(model, status) -> the five children `request` updates."""
 
     def _child(self, metric: Counter | Histogram, *labels: str) -> Counter | Histogram:
         key = (metric._name, *labels)
@@ -106,14 +108,23 @@ class Metrics:
 
     def request(self, model: str, status: str, duration: float, ttft: float | None, prompt: int, completion: int) -> None:
         """Counts one finished request."""
-        self._child(self._requests, model, status).inc()  # type: ignore[union-attr]
-        self._child(self._duration, model).observe(duration)  # type: ignore[union-attr]
+        # Every child a request touches, found with one lookup (five `_child` calls, each
+        # building its key, were a third of this call's 2.8 µs).
+        kids = self._per_request.get((model, status))
+        if kids is None:
+            kids = self._per_request[(model, status)] = (
+                self._child(self._requests, model, status), self._child(self._duration, model),
+                self._child(self._ttft, model), self._child(self._tokens, model, "prompt"),
+                self._child(self._tokens, model, "completion"))
+        count, took, first, prompt_tokens, completion_tokens = kids
+        count.inc()  # type: ignore[union-attr]
+        took.observe(duration)  # type: ignore[union-attr]
         if ttft is not None:
-            self._child(self._ttft, model).observe(ttft)  # type: ignore[union-attr]
+            first.observe(ttft)  # type: ignore[union-attr]
         if prompt:
-            self._child(self._tokens, model, "prompt").inc(prompt)  # type: ignore[union-attr]
+            prompt_tokens.inc(prompt)  # type: ignore[union-attr]
         if completion:
-            self._child(self._tokens, model, "completion").inc(completion)  # type: ignore[union-attr]
+            completion_tokens.inc(completion)  # type: ignore[union-attr]
 
     def retry(self, model: str) -> None:
         """Counts a retry on another replica."""
