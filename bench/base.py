@@ -26,30 +26,32 @@ class BaseError(Exception):
     """The base cannot be set up; the message says what to do."""
 
 
-def _git(root: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["git", "-C", str(root), *args], check=False, capture_output=True, text=text)
+def _git(root: Path, *args: str) -> bytes:
+    """git's output; BaseError with what git said when it fails."""
+    r = subprocess.run(["git", "-C", str(root), *args], check=False, capture_output=True)
+    if r.returncode != 0:
+        raise BaseError(f"git {' '.join(args[:2])} failed: {r.stderr.decode(errors='replace').strip()}")
+    return r.stdout
 
 
 def export(root: Path, rev: str, into: Path) -> tuple[Path, str]:
     """Writes REV's `python/` under `into` with this build's `_core`; returns (the directory
     for PYTHONPATH, REV's full commit)."""
-    found = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
-    commit = str(found.stdout).strip()
-    if found.returncode != 0 or not commit:
+    try:
+        commit = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").decode().strip()
+    except BaseError:
+        commit = ""
+    if not commit:
         raise BaseError(f"--base {rev!r} is not a commit of {root}; give a revision `git log` shows")
-    changed = _git(root, "diff", "--name-only", commit, "--", *RUST)
-    if changed.returncode != 0:
-        raise BaseError(f"cannot compare rust/ at {commit[:12]} with the working tree: {str(changed.stderr).strip()}")
-    if str(changed.stdout).strip():
-        files = ", ".join(str(changed.stdout).split()[:5])
+    changed = _git(root, "diff", "--name-only", commit, "--", *RUST).decode().split()
+    if changed:
+        files = ", ".join(changed[:5])
         raise BaseError(f"rust/ at {commit[:12]} differs from the working tree ({files}); the base would "
                         "run this build's Rust core. Measure a base whose Rust is the same, or build "
                         "both sides yourself")
-    archive = _git(root, "archive", "--format=tar", commit, "python", text=False)
-    if archive.returncode != 0:
-        raise BaseError(f"git archive {commit[:12]} python failed: {bytes(archive.stderr).decode(errors='replace').strip()}")
+    archive = _git(root, "archive", "--format=tar", commit, "python")
     into.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(bytes(archive.stdout))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     pkg = into / "python" / "llmgw"
     import llmgw._core  # this build's, beside today's python/

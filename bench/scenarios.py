@@ -173,7 +173,7 @@ def run_scenario(args: argparse.Namespace) -> int:
                          "scenario needs the simulator (--upstream sim)")
     stack = Stack(output_tokens=tokens, peer_names=peer_names, upstream=args.upstream)
     base_git = ""
-    if getattr(args, "base", None):
+    if args.base:
         if args.scenario not in ("throughput", "overhead"):
             raise SystemExit(f"--base compares plain gateways in the throughput and overhead scenarios, "
                              f"not in {args.scenario}")

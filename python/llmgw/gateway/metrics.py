@@ -123,8 +123,9 @@ class Metrics:
         self._children: dict[tuple[str, ...], object] = {}
         self._per_request: dict[tuple[str, str], tuple[Counter | Histogram, ...]] = {}
         """(model, status) -> the five children `request` updates."""
-        self._tallies: dict[tuple[str, str], _Tally] | None = (
-            None if "PROMETHEUS_MULTIPROC_DIR" in os.environ else {})
+        self._shared = "PROMETHEUS_MULTIPROC_DIR" in os.environ
+        """Several workers: the values are files that any worker's scrape reads."""
+        self._tallies: dict[tuple[str, str], _Tally] | None = None if self._shared else {}
         """(model, status) -> what finished since the last scrape; None: each request is
         written to the shared values at once (several workers)."""
 
@@ -216,7 +217,7 @@ class Metrics:
         this worker's view.
         """
         self._settle()
-        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        if self._shared:
             merged = CollectorRegistry(auto_describe=False)
             multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
             return generate_latest(merged) + generate_latest(self._replica_registry)
