@@ -153,12 +153,12 @@ def test_error_answers(store_url: str) -> None:
             "missing org": (
                 404,
                 "tenancy.not_found",
-                "there is no organization 'nope'; list them with `llmgw ctl org list`",
+                "there is no organization 'nope'; list them with `llmgw ctl orgs list`",
             ),
             "missing team": (
                 404,
                 "tenancy.not_found",
-                "there is no team 'acme/nope'; list them with `llmgw ctl team list`",
+                "there is no team 'acme/nope'; list them with `llmgw ctl teams list`",
             ),
             "duplicate": (
                 409,
@@ -178,7 +178,7 @@ def test_error_answers(store_url: str) -> None:
             "move to missing": (
                 404,
                 "tenancy.not_found",
-                "there is no team 'nope/ml'; list them with `llmgw ctl team list`",
+                "there is no team 'nope/ml'; list them with `llmgw ctl teams list`",
             ),
             "bad scope": (
                 400,
@@ -198,7 +198,7 @@ def test_error_answers(store_url: str) -> None:
             "not a member": (
                 404,
                 "members.not_found",
-                "user 'alice' is not a member at org:acme; list that scope's members with `llmgw ctl members list org:acme`",
+                "user 'alice' is not a member at org:acme; list that scope's members with `llmgw ctl members list --scope org:acme`",
             ),
             "bad email": (
                 400,
@@ -310,7 +310,7 @@ def test_keys_through_handlers(store_url: str) -> None:
             "missing project": (
                 404,
                 "tenancy.not_found",
-                "there is no project 'acme/ml/nope'; list them with `llmgw ctl project list`",
+                "there is no project 'acme/ml/nope'; list them with `llmgw ctl projects list`",
             ),
             "missing key": (
                 404,

@@ -55,8 +55,8 @@ def project_view(r: Row) -> ProjectView:
 
 
 def _not_found(what: str, ref: str, param: str, listing: str) -> NotFound:
-    return NotFound("tenancy.not_found",
-                    f"there is no {what} {shown(ref)}; list them with `llmgw ctl {listing} list`", param)
+    """`listing`: the whole command that lists them, as the user types it."""
+    return NotFound("tenancy.not_found", f"there is no {what} {shown(ref)}; list them with `{listing}`", param)
 
 
 def _ttl(value: float | None, param: str = "max_key_ttl") -> float | None:
@@ -75,7 +75,7 @@ async def get_org(db: Database, ref: str, param: str = "org") -> OrgView:
     else:
         row = await db.fetchrow(_ORGS + " WHERE o.name = $1", check_name(ref, "organization", param))
     if row is None:
-        raise _not_found("organization", ref, param, "org")
+        raise _not_found("organization", ref, param, "llmgw ctl orgs list")
     return org_view(row)
 
 
@@ -87,7 +87,7 @@ async def get_team(db: Database, ref: str, param: str = "team") -> TeamView:
         org, team = split_path(ref, 2, "team", param)
         row = await db.fetchrow(_TEAMS + " WHERE o.name = $1 AND t.name = $2", org, team)
     if row is None:
-        raise _not_found("team", ref, param, "team")
+        raise _not_found("team", ref, param, "llmgw ctl teams list")
     return team_view(row)
 
 
@@ -100,7 +100,7 @@ async def get_project(db: Database, ref: str, param: str = "project") -> Project
         row = await db.fetchrow(_PROJECTS + " WHERE o.name = $1 AND t.name = $2 AND p.name = $3",
                                 org, team, project)
     if row is None:
-        raise _not_found("project", ref, param, "project")
+        raise _not_found("project", ref, param, "llmgw ctl projects list")
     return project_view(row)
 
 

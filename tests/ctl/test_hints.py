@@ -1,0 +1,56 @@
+"""Every `llmgw ctl NOUN VERB` that the product's messages and docs tell a user to run exists.
+
+Errors end with the command that helps (`list them with llmgw ctl projects list`); a hint
+naming a noun or verb that `llmgw ctl` does not have sends the user into a usage error
+instead. This reads every mention in the package's sources and the READMEs and checks it
+against the command table that builds the argparse tree.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from llmgw.cli.ctl.commands import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[2]
+MENTION = re.compile(r"llmgw ctl ([a-z][a-z-]*)(?: ([a-z][a-z-]*))?")
+
+
+def _verbs() -> dict[str, set[str]]:
+    verbs: dict[str, set[str]] = {}
+    for c in COMMANDS:
+        verbs.setdefault(c.noun, set()).add(c.verb)
+    return verbs
+
+
+def _bad(text: str, verbs: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for m in MENTION.finditer(text):
+        noun, verb = m.group(1), m.group(2)
+        if noun not in verbs:
+            bad.append(f"{m.group(0)!r}: no noun {noun!r}")
+        elif verb is not None and verb not in verbs[noun] and "" not in verbs[noun]:
+            # A noun with its own command (`ctl explain-placement MODEL`) takes an argument there.
+            bad.append(f"{m.group(0)!r}: {noun} has no verb {verb!r}")
+    return bad
+
+
+def test_every_mentioned_ctl_command_exists() -> None:
+    verbs = _verbs()
+    files = [*sorted((ROOT / "python" / "llmgw").rglob("*.py")), ROOT / "README.md", ROOT / "bench" / "README.md"]
+    found = 0
+    bad: list[str] = []
+    for f in files:
+        text = f.read_text()
+        found += len(MENTION.findall(text))
+        bad += [f"{f.relative_to(ROOT)}: {b}" for b in _bad(text, verbs)]
+    assert found > 40  # the scan reads what it should
+    assert bad == []
+
+
+def test_the_check_finds_a_wrong_noun_and_verb() -> None:
+    verbs = _verbs()
+    assert _bad("list them with `llmgw ctl project list`", verbs) == ["'llmgw ctl project list': no noun 'project'"]
+    assert _bad("`llmgw ctl keys delete`", verbs) == ["'llmgw ctl keys delete': keys has no verb 'delete'"]
+    assert _bad("`llmgw ctl explain-placement big` and `llmgw ctl keys revoke`", verbs) == []
