@@ -30,9 +30,24 @@ COMMANDS: list[tuple[tuple[str, ...], str, str | None]] = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser that names itself in the result when it is the innermost command parsed, so an
+    unknown option is refused with that command's usage (`llmgw ctl usage export: error: ...`),
+    not the top-level one."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        # Subcommands finish first and their namespace is copied up: the first to set it wins.
+        if getattr(parsed, "_parser", None) is None:
+            parsed._parser = self
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree built from COMMANDS."""
-    top = argparse.ArgumentParser(prog="llmgw", description="llmgw: an OpenAI-compatible LLM gateway and GPU-cluster control plane.")
+    top: argparse.ArgumentParser = _Parser(prog="llmgw", description="llmgw: an OpenAI-compatible LLM gateway and GPU-cluster control plane.")
     groups: dict[tuple[str, ...], argparse._SubParsersAction[argparse.ArgumentParser]] = {
         (): top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     }
@@ -58,7 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
     if argv is not None:
         sys.argv[1:] = list(argv)
-    args = build_parser().parse_args()
+    args, extras = build_parser().parse_known_args()
+    if extras:
+        args._parser.error(f"unrecognized arguments: {' '.join(extras)}")
     mod = importlib.import_module(args._module)
     code: int = mod.run(args)
     return code
