@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +19,7 @@ from llmgw.admin.table import ROUTES
 from llmgw.cli.ctl.commands import COMMANDS
 from llmgw.cli.main import main
 from tests.admin.server import Server
-from tests.procs import free_port
+from tests.procs import free_port, start_process
 
 
 def ctl(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -49,7 +50,7 @@ def test_tables_for_people(server: Server, capsys: pytest.CaptureFixture[str],
 ID                     PATH     MAX KEY TTL  LIMITS  CREATED
 team_ID  acme/ml  -            -       TIME
 """, ""))
-    assert ctl(capsys, "orgs", "create", "../etc") == snapshot((1, '', "error: `name` is not a valid name: a name is 1 to 63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit, without '..' [tenancy.bad_name]\n"))
+    assert ctl(capsys, "orgs", "create", "../etc") == snapshot((1, '', "error: '../etc' in `name` is not a valid name: a name is 1 to 63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit, without '..'; pick another, like 'ml-research' [tenancy.bad_name]\n"))
 
 
 def test_a_noun_alone_lists(server: Server, capsys: pytest.CaptureFixture[str],
@@ -63,6 +64,27 @@ def test_a_noun_alone_lists(server: Server, capsys: pytest.CaptureFixture[str],
     assert ctl(capsys, "nodes", "--json") == ctl(capsys, "nodes", "list", "--json")
     code, _, err = ctl(capsys, "requests")  # nothing to list: a verb is asked for
     assert code == 2 and "VERB" in err
+
+
+def test_values_against_a_pattern_are_refused_in_words(server: Server, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # msgspec's own words quote the regex; the operator is told the rule and what they sent.
+    monkeypatch.setenv("LLMGW_ADMIN_TOKEN", server.admin_token)
+    monkeypatch.setenv("LLMGW_SERVER", server.url)
+    assert ctl(capsys, "orgs", "create", "acme")[0] == 0
+    assert ctl(capsys, "teams", "create", "acme", "") == snapshot((1, "", """\
+error: '' in `name` is not a valid name: a name is 1 to 63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit, without '..'; pick another, like 'ml-research' [tenancy.bad_name]
+"""))
+    assert ctl(capsys, "orgs", "set", "acme", "--max-key-ttl", "5x") == snapshot((1, "", """\
+error: '5x' in `max_key_ttl` is not a valid duration: a duration is a number and a unit (s, m, h, d, w), like 90m, 24h or 30d [admin.bad_duration]
+"""))
+    assert ctl(capsys, "users", "create", "ann", "--email", "ann at example.com") == snapshot((1, "", """\
+error: 'ann at example.com' in `email` is not a valid email address: give one like alice@example.com [users.bad_email]
+"""))
+    # Other refusals keep msgspec's words, which name the type and the limit.
+    assert ctl(capsys, "projects", "create", "acme/ml", "chat", "--rpm", "0") == snapshot((1, "", """\
+error: the request body is invalid: Expected `int` >= 1 - at `$.limits.rpm`; GET /api/v1/openapi.json shows its schema [admin.invalid_body]
+"""))
 
 
 def test_unreachable_server_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,6 +106,19 @@ hint: the token was read from --token-file TMP/token
 """))
     code, _, err = ctl(capsys, "--server", server.url, "--data-dir", str(tmp_path / "none"), "api", "routes")
     assert code == 4 and "no admin token" in err
+
+
+def test_a_gateway_given_as_server_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    # The ports differ by one (8080, 8081): a real gateway answers /api/v1 with its 404.
+    port = free_port()
+    args = [sys.executable, "-m", "llmgw", "gateway", "--endpoint", "sim=http://127.0.0.1:9=sim-model",
+            "--port", str(port)]
+    with start_process(args, "llmgw gateway listening on"):
+        code, out, err = ctl(capsys, "--server", f"http://127.0.0.1:{port}", "--token", "t", "orgs", "list")
+    assert (code, out, err.replace(str(port), "PORT")) == snapshot((1, "", """\
+error: no route GET /api/v1/orgs; the OpenAI API is served under /v1 [not_found]
+hint: http://127.0.0.1:PORT answered like an OpenAI endpoint (a gateway?), not a control plane; point --server (or LLMGW_SERVER) at the admin API, http://127.0.0.1:8081 by default
+"""))
 
 
 def test_every_command_calls_a_mounted_route() -> None:
@@ -198,7 +233,7 @@ error: nothing to change: give at least one of --name, --rpm, --tpm, --concurren
 """))
     assert ctl(capsys, "orgs", "frobnicate")[0] == 2
     fake.answers[("DELETE", "/api/v1/members/ann")] = (204, "application/json", b"")
-    assert ctl(capsys, "members", "remove", "ann", "--scope", "project:acme/ml/chat") == snapshot(
+    assert ctl(capsys, "members", "remove", "ann", "project:acme/ml/chat") == snapshot(
         (0, "removed ann from project:acme/ml/chat\n", ""))
     assert fake.seen[-1][1] == "/api/v1/members/ann?scope=project%3Aacme%2Fml%2Fchat"
 

@@ -27,12 +27,12 @@ from llmgw import datadir
 from llmgw.control.server import token_digest
 from llmgw.serving import read_body
 from llmgw.store.db import Conflict, StoreError
-from llmgw.store.names import NAME_PATTERN, NAME_RULE
 
 from .answers import CSV, JSON, csv_body, error_json, json_body, truncate
 from .forward import FORWARDED, ForwardError, forward
 from .matching import BadPath, Router
 from .route import ApiError, Raw, Request, Route
+from .store_errors import pattern_error
 
 if TYPE_CHECKING:
     from llmgw.control.server import ControlPlane
@@ -345,11 +345,10 @@ async def _read_body(route: Route, scope: Any, protocol: Any) -> tuple[Any, bool
     except msgspec.ValidationError as e:
         text = str(e)
         m = _PARAM_AT.search(text)
-        if NAME_PATTERN in text:
-            # msgspec's own words would quote the regex; an operator wants the rule.
-            field = m.group(1) if m else "name"
-            raise ApiError(400, "tenancy.bad_name", f"`{field}` is not a valid name: {NAME_RULE}",
-                           field) from None
+        # msgspec's own words would quote a regex; an operator wants the rule and the value.
+        worded = pattern_error(text, m.group(1) if m else None, data) if ctype not in _MSGPACK else None
+        if worded is not None:
+            raise worded from None
         raise ApiError(400, "admin.invalid_body", f"the request body is invalid: {truncate(text, 300)}; "
                        "GET /api/v1/openapi.json shows its schema", m.group(1) if m else None) from None
     except msgspec.DecodeError as e:

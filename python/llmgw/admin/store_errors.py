@@ -4,6 +4,7 @@ helpers the tenancy, keys and audit handlers share (durations, flags, path refer
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
 
@@ -11,7 +12,7 @@ import msgspec
 
 from llmgw.durations import DURATION_PATTERN, parse_duration
 from llmgw.store.errors import Kind, TenancyError, shown
-from llmgw.store.names import NAME_PATTERN
+from llmgw.store.names import NAME_PATTERN, NAME_RULE
 
 from .route import ApiError, Request
 
@@ -26,11 +27,59 @@ Duration = Annotated[str, msgspec.Meta(
     max_length=40, pattern=DURATION_PATTERN,
     description="A duration: a number and a unit (s, m, h, d, w), like 90m, 24h or 30d.",
     examples=["90d"])]
+EMAIL_PATTERN = r"^[^@\s\x00-\x1f\x7f]{1,64}@[^@\s\x00-\x1f\x7f]{1,190}$"
+Email = Annotated[str, msgspec.Meta(max_length=255, pattern=EMAIL_PATTERN, examples=["alice@example.com"])]
 Ref = Annotated[str, msgspec.Meta(
     min_length=1, max_length=200,
     description="An ID, or a path of names joined by '/' (acme/ml/chat).")]
 
 R = TypeVar("R")
+
+# A body field failing one of these patterns is answered with the rule in words and the
+# value sent, not with msgspec's words (which quote the regex): (code, what, rule).
+_RULES = {
+    NAME_PATTERN: ("tenancy.bad_name", "name", f"{NAME_RULE}; pick another, like 'ml-research'"),
+    DURATION_PATTERN: ("admin.bad_duration", "duration",
+                       "a duration is a number and a unit (s, m, h, d, w), like 90m, 24h or 30d"),
+    EMAIL_PATTERN: ("users.bad_email", "email address", "give one like alice@example.com"),
+}
+_NAME_LENGTH = re.compile(r"^Expected `str` of length (>= 1|<= 63) ")
+"""msgspec's words for a `Name` out of its bounds (checked before its pattern)."""
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
+
+
+def pattern_error(message: str, field: str | None, data: bytes) -> ApiError | None:
+    """A 400 in words for msgspec's `message` about the body field at `field` (`limits.rpm`,
+    `models[0].name`) when it failed one of the patterns above (or a name's length); None
+    for any other validation error. `data` is the body, read again only here for the value."""
+    for pattern, (code, what, rule) in _RULES.items():
+        if f"regex {pattern!r}" in message:
+            break
+    else:
+        if not (field and _NAME_LENGTH.match(message) and field.rsplit(".", 1)[-1] == "name"):
+            return None
+        code, what, rule = _RULES[NAME_PATTERN]
+    where = f"`{field}`" if field else "the body"
+    value = _value_at(data, field or "")
+    said = f"{shown(value)} in {where}" if isinstance(value, str) else where
+    return ApiError(400, code, f"{said} is not a valid {what}: {rule}", field)
+
+
+def _value_at(data: bytes, field: str) -> object:
+    """The value at `field` in the JSON body `data`, or None where there is none."""
+    try:
+        value: object = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    for m in _STEP.finditer("." + field):
+        key, index = m.group(1), m.group(2)
+        if key is not None and isinstance(value, dict):
+            value = value.get(key)
+        elif index is not None and isinstance(value, list) and int(index) < len(value):
+            value = value[int(index)]
+        else:
+            return None
+    return value
 
 
 def api_error(e: TenancyError) -> ApiError:

@@ -17,11 +17,8 @@ from llmgw.store.views import MemberView, OrgView, ProjectView, Role, TeamView, 
 from llmgw.wire import Limits
 
 from .route import ApiError, Param, Request, Route
-from .store_errors import Duration, Name, Ref, mapped, path_ref, seconds
+from .store_errors import Duration, Email, Name, Ref, mapped, path_ref, seconds
 
-Email = Annotated[str, msgspec.Meta(
-    max_length=255, pattern=r"^[^@\s\x00-\x1f\x7f]{1,64}@[^@\s\x00-\x1f\x7f]{1,190}$",
-    examples=["alice@example.com"])]
 Scope = Annotated[str, msgspec.Meta(
     min_length=1, max_length=200,
     description="org:ORG, team:ORG/TEAM, project:ORG/TEAM/PROJECT, or an org, team or project ID.",

@@ -198,11 +198,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return UNREACHABLE
     if answer.status >= 400:
-        return _refused(answer, source)
+        return _refused(answer, source, server)
     return _show(cmd, args, answer)
 
 
-def _refused(answer: Answer, source: str) -> int:
+def _refused(answer: Answer, source: str, server: str) -> int:
     try:
         err = json.loads(answer.body)["error"]
         message, code = str(err["message"]), str(err.get("code"))
@@ -215,6 +215,12 @@ def _refused(answer: Answer, source: str) -> int:
     if answer.status == 401:
         print(f"hint: the token was read from {source}", file=sys.stderr)
         return BAD_TOKEN
+    if answer.status == 404 and code == "not_found":
+        # The control plane says `admin.not_found` for a route it lacks; a bare `not_found`
+        # is how an llmgw gateway (or some other OpenAI server) answers /api/v1.
+        print(f"hint: {server} answered like an OpenAI endpoint (a gateway?), not a control plane; "
+              f"point --server (or LLMGW_SERVER) at the admin API, {DEFAULT_SERVER} by default",
+              file=sys.stderr)
     return REFUSED
 
 

@@ -166,7 +166,7 @@ COMMANDS: list[Command] = [
     Command("members", "remove", "DELETE", "/api/v1/members/{user}",
             "take a user out of a scope (revokes their keys there)",
             (Arg("USER", "path", "user", "the user: ID or name"),
-             Arg("--scope", "query", "scope", "the scope to remove them from", required=True)),
+             Arg("SCOPE", "query", "scope", "org:ACME, team:ACME/ML or project:ACME/ML/CHAT, as for add")),
             _MEMBER, "done", "removed {user} from {scope}"),
     Command("keys", "issue", "POST", "/api/v1/keys", "issue an API key (shown once)",
             (Arg("PROJECT", "body", "project", "the project (ORG/TEAM/PROJECT or ID)"),
