@@ -18,9 +18,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import openai
 
+from llmgw.cli.ctl.client import Client
+from llmgw.datadir import read_admin_token
 from tests.procs import free_port, start_process, wait_for
 
 REVOKE_DEADLINE = 2.0
@@ -41,6 +44,12 @@ def ask(base_url: str, key: str) -> tuple[str, str]:
         raw = client.chat.completions.with_raw_response.create(
             model="sim-model", messages=[{"role": "user", "content": "hello"}])
         return raw.parse().choices[0].message.content or "", raw.headers["x-request-id"]
+
+
+def admin_record(admin: Client, rid: str) -> dict[str, Any] | None:
+    """GET /api/v1/requests/{rid}, or None while the request has no record."""
+    answer = admin.call("GET", f"/api/v1/requests/{rid}")
+    return json.loads(answer.body) if answer.status == 200 else None
 
 
 def test_issue_use_account_revoke(tmp_path: Path) -> None:
@@ -95,3 +104,23 @@ def test_issue_use_account_revoke(tmp_path: Path) -> None:
             assert time.monotonic() - t0 < REVOKE_DEADLINE, "a revoked key still worked after 2 s"
             time.sleep(0.05)
         assert ask(base, first)[0], "the other key must keep working"
+
+        # A kept request replayed to a model (`ctl requests replay`): the control plane sends it
+        # through the real gateway, which runs it as the original key.
+        kept = ctl(data_dir, admin_port, "projects", "set", "default/default/default", "--keep-bodies")
+        assert kept.returncode == 0, kept.stderr
+        admin = Client(f"http://127.0.0.1:{admin_port}", read_admin_token(data_dir), timeout=30)
+        rids: list[str] = []
+
+        def kept_request() -> str | None:  # once the gateways' snapshot says keep_bodies
+            rids.append(ask(base, first)[1])
+            return next((r for r in rids if admin.call("GET", f"/api/v1/requests/{r}/body").status == 200), None)
+
+        original = wait_for("a request with its body kept", kept_request, 15)
+        replayed = ctl(data_dir, admin_port, "--json", "requests", "replay", original, "--model", "sim-model")
+        assert replayed.returncode == 0, replayed.stderr
+        answer = json.loads(replayed.stdout)
+        assert answer["choices"][0]["message"]["content"] and answer["model"] == "sim-model"
+        again = answer["id"].removeprefix("chatcmpl-")  # the gateway's request id, as for any answer
+        key_of = json.loads(ctl(data_dir, admin_port, "--json", "requests", "get", original).stdout)["key_id"]
+        assert wait_for("the replay's record", lambda: admin_record(admin, again), 10)["key_id"] == key_of

@@ -238,8 +238,11 @@ def test_replay_goes_through_the_gateway(store_url: str) -> None:
         data = await reader.readexactly(int(headers["content-length"]))
         seen.append((head[0], headers, data))
         answer = b'{"id":"chatcmpl-1","choices":[]}'
+        status = b"200 OK"
+        if b'"model":"gone"' in data:  # as a gateway answers a replay whose key was revoked
+            answer, status = b'{"error":{"message":"the replayed request\'s key key_a is revoked"}}', b"401 Unauthorized"
         writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
             + str(len(answer)).encode()
             + b"\r\nconnection: close\r\n\r\n"
             + answer
@@ -277,6 +280,13 @@ def test_replay_goes_through_the_gateway(store_url: str) -> None:
                     )
                 )
             assert e.value.code == "requests.body_not_kept"
+            with pytest.raises(ApiError) as e:
+                await replay(_req(db, path_params={"id": "k"}, gateway_url=url,
+                                  body=req_routes.ReplayRequest(model="gone")))
+            # Not a 401: that would tell the operator their admin token is wrong.
+            assert (e.value.status, e.value.code, str(e.value)) == (
+                409, "requests.replay_refused",
+                "the gateway refused the replay: the replayed request's key key_a is revoked")
         assert isinstance(got, Raw) and (got.status, got.body) == (
             200,
             b'{"id":"chatcmpl-1","choices":[]}',

@@ -14,10 +14,10 @@ HASH_KEY = derive(b"s" * 32, HASH_LABEL)
 KEY = "sk-llmgw-" + "a1B2_-" * 6 + "zzzz"
 
 
-def _table(expires_at: float | None = None) -> KeyTable:
+def _table(expires_at: float | None = None, replay_token: str | None = None) -> KeyTable:
     entry = KeyEntry(key_id="key_1", hash=key_hash(HASH_KEY, KEY), org_id="o", team_id="t", project_id="p",
                      expires_at=expires_at)
-    table = KeyTable(HASH_KEY)
+    table = KeyTable(HASH_KEY, replay_token)
     table.load(Snapshot(version=1, keys=[entry], projects={}))
     return table
 
@@ -69,3 +69,25 @@ def test_get_live_finds_only_a_key_that_has_not_expired() -> None:
     assert _table(expires_at=now - 1).keys.get_live(f"Bearer {KEY}", SCHEME) is None
     for header in (f"bearer {KEY}", f"Bearer {KEY[:-1]}y", ""):
         assert _table().keys.get_live(header, SCHEME) is None
+
+
+def test_the_control_planes_replay_runs_as_the_key_it_names() -> None:
+    table = _table(replay_token="gw-token")
+    assert table.resolve("Bearer gw-token", "", replay_key="key_1").key_id == "key_1"
+    with pytest.raises(Unauthorized, match="key key_2 is revoked, or was removed with its user or project"):
+        table.resolve("Bearer gw-token", "", replay_key="key_2")
+    with pytest.raises(Unauthorized, match="must name the original request's key in x-llmgw-replay-key"):
+        table.resolve("Bearer gw-token", "")
+    # The header names a key only beside the gateway token: a client's key stays its own.
+    assert table.resolve(f"Bearer {KEY}", "", replay_key="key_2").key_id == "key_1"
+    with pytest.raises(Unauthorized) as e:
+        table.resolve("Bearer gw-tokeN", "", replay_key="key_1")
+    assert str(e.value) == MALFORMED
+    # A gateway without the token (no control plane secret) takes no replay.
+    with pytest.raises(Unauthorized) as e:
+        _table().resolve("Bearer gw-token", "", replay_key="key_1")
+    assert str(e.value) == MALFORMED
+    # The replayed key's expiry holds as for the key itself.
+    with pytest.raises(Unauthorized, match="key_1 expired"):
+        _table(expires_at=1_000.0, replay_token="gw-token").resolve("Bearer gw-token", "", now=1_000.0,
+                                                                    replay_key="key_1")

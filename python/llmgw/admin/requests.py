@@ -160,7 +160,20 @@ async def replay(req: Request) -> Raw:
             f"the gateway at {base} did not answer the replay ({e}); check that it "
             "runs and that gateway_url in server.yaml points at it.",
         ) from None
+    if status == 401:
+        # The gateway's 401 is about the replayed key, not the caller's admin token (which
+        # a 401 from here would mean): answered as a conflict, in the gateway's words.
+        raise ApiError(409, "requests.replay_refused",
+                       f"the gateway refused the replay: {_message(data)}", "id")
     return Raw(data, ctype or "application/json", status)
+
+
+def _message(data: bytes) -> str:
+    """The message of an OpenAI-shaped error body, or the start of the body."""
+    try:
+        return str(msgspec.json.decode(data)["error"]["message"])
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return data[:200].decode("utf-8", "replace")
 
 
 def post(

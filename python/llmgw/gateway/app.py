@@ -89,7 +89,7 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         if cp is not None:
             self.creds = load_credentials(cp)
-            self.keys = KeyTable(self.creds.hash_key)
+            self.keys = KeyTable(self.creds.hash_key, replay_token=self.creds.token)
         self.usage = UsageSink(cfg.usage_log, interval=0.5 if cp is None else cp.usage_interval,
                                gateway_id=self.gateway_id,
                                max_pending=200_000 if cp is None else cp.usage_max_pending)
@@ -217,7 +217,9 @@ class Gateway:
                         "the gateway has not received its keys from the control plane yet; retry in a moment")
             return _REFUSED
         try:
-            return keys.resolve(scope.headers.get("authorization"), scope.query_string)
+            headers = scope.headers
+            return keys.resolve(headers.get("authorization"), scope.query_string,
+                                replay_key=headers.get("x-llmgw-replay-key"))
         except Unauthorized as e:
             self._error(protocol, rid, Kind.UNAUTHORIZED, str(e))
             return _REFUSED

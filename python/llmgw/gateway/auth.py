@@ -3,10 +3,16 @@
 The snapshot from the control plane holds only keyed hashes; a key is hashed
 (blake2b under a secret derived for this purpose) and looked up in a dict.
 No database, no await. Every refusal is its own sentence and never echoes the key.
+
+One other credential: the control plane replays a kept request (`POST
+/api/v1/requests/{id}/replay`) with the gateway token it shares with gateways as its
+bearer and the original key's id in `x-llmgw-replay-key`; the replay runs as that key
+(its limits, its usage) while the key is still in the snapshot.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from datetime import UTC, datetime
@@ -14,6 +20,8 @@ from datetime import UTC, datetime
 from llmgw import _core
 from llmgw.secrets import API_KEY_PREFIX
 from llmgw.wire import KeyEntry, Limits, Snapshot
+
+from .errors import truncate
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -42,11 +50,15 @@ class Unauthorized(Exception):
 class KeyTable:
     """The keys and project limits of the current snapshot, by keyed hash."""
 
-    def __init__(self, hash_key: bytes) -> None:
+    def __init__(self, hash_key: bytes, replay_token: str | None = None) -> None:
         self._hash_key = hash_key
+        self._replay = None if not replay_token else (SCHEME + replay_token).encode()
+        """The header the control plane's replays carry (None: replays are refused)."""
         self.version: int | None = None
         self.keys = _core.KeyIndex(hash_key, [])
         """Key -> its entry: the keyed hash and the lookup in one native call."""
+        self.by_id: dict[str, KeyEntry] = {}
+        """Key id -> its entry, for replays."""
         self.projects: dict[str, Limits] = {}
 
     def load(self, snap: Snapshot) -> None:
@@ -56,23 +68,40 @@ class KeyTable:
             log.error("snapshot %d: %d keys have a stored hash that is not 64 hexadecimal digits and "
                       "cannot be used; the control plane's store holds a damaged row", snap.version, keys.skipped)
         self.keys = keys
+        self.by_id = {k.key_id: k for k in snap.keys}
         self.projects = snap.projects
         self.version = snap.version
 
-    def resolve(self, authorization: str | None, query: str, now: float | None = None) -> KeyEntry:
-        """The entry of the key a request carries; raises Unauthorized with the reason."""
+    def resolve(self, authorization: str | None, query: str, now: float | None = None,
+                replay_key: str | None = None) -> KeyEntry:
+        """The entry of the key a request carries (or, for the control plane's replay, of
+        `replay_key`); raises Unauthorized with the reason."""
         if query and _key_in_query(query):
             raise Unauthorized(IN_QUERY)
         # The header as nearly every client sends it, in one native call; anything else (a
         # key that matches nothing, another shape of header) is worked out and hashed again.
         entry: KeyEntry | None = None if authorization is None else self.keys.get_after(authorization, SCHEME)
         if entry is None:
-            entry = self.keys.get(_other_shape(authorization))
-            if entry is None:
-                raise Unauthorized(UNKNOWN)
+            if self._replay is not None and authorization is not None and \
+                    hmac.compare_digest(authorization.encode("utf-8", "replace"), self._replay):
+                entry = self._replayed(replay_key)
+            else:
+                entry = self.keys.get(_other_shape(authorization))
+                if entry is None:
+                    raise Unauthorized(UNKNOWN)
         if entry.expires_at is not None and entry.expires_at <= (time.time() if now is None else now):
             when = datetime.fromtimestamp(entry.expires_at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
             raise Unauthorized(f"the API key {entry.key_id} expired at {when}; ask an operator for a new one")
+        return entry
+
+    def _replayed(self, key_id: str | None) -> KeyEntry:
+        if not key_id:
+            raise Unauthorized("a replay from the control plane must name the original request's key "
+                               "in x-llmgw-replay-key; this control plane and gateway are of different versions")
+        entry = self.by_id.get(key_id)
+        if entry is None:
+            raise Unauthorized(f"the replayed request's key {truncate(key_id)} is revoked, or was removed with its "
+                               "user or project, so the request cannot be replayed under it")
         return entry
 
 
