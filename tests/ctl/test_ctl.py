@@ -87,6 +87,21 @@ error: the request body is invalid: Expected `int` >= 1 - at `$.limits.rpm`; GET
 """))
 
 
+def test_audit_and_usage_take_since_as_a_duration_or_a_date(server: Server, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_ADMIN_TOKEN", server.admin_token)
+    monkeypatch.setenv("LLMGW_SERVER", server.url)
+    assert ctl(capsys, "orgs", "create", "acme")[0] == 0
+    for since in ("1h", "2020-01-01", "2020-01-01T00:00:00Z"):
+        code, out, _ = ctl(capsys, "audit", "--since", since)
+        assert code == 0 and "org.create" in out, since
+        assert ctl(capsys, "usage", "--since", since)[0] == 0
+    assert ctl(capsys, "audit", "--since", "2999-01-01") == (0, "no audit\n", "")
+    code, _, err = ctl(capsys, "audit", "--since", "yesterday")
+    assert code == 1 and "neither a duration back from now (90m, 24h, 7d) nor a date" in err
+    assert err.rstrip().endswith("[audit.bad_time]")
+
+
 def test_unreachable_server_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     code, out, err = ctl(capsys, "--server", f"http://127.0.0.1:{port}", "--token", "t", "orgs", "list")

@@ -344,8 +344,8 @@ def test_keys_through_handlers(store_url: str) -> None:
             ),
             "audit bad since": (
                 400,
-                "audit.bad_since",
-                "'1 OR 1=1' is not a duration; write a number and a unit, like 90m, 24h, 7d or 2w (units: s, m, h, d, w)",
+                "audit.bad_time",
+                "since='1 OR 1=1' is neither a duration back from now (90m, 24h, 7d) nor a date (2026-11-01) nor an RFC 3339 time (2026-11-01T08:00:00Z); give one of those.",
             ),
         }
     )

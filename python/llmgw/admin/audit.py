@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 from llmgw.store import audit
 from llmgw.store.errors import shown
 from llmgw.store.views import AuditEvent
 
 from .route import ApiError, Param, Request, Route
-from .store_errors import mapped, seconds
+from .store_errors import mapped
+from .usage import since_time
 
 DEFAULT_SINCE = "7d"
 
@@ -23,15 +26,17 @@ def _limit(req: Request) -> int:
 @mapped
 async def list_audit(req: Request) -> list[AuditEvent]:
     """GET /api/v1/audit?since=&limit=&actor=&contains=."""
-    since = seconds(req.query.get("since") or DEFAULT_SINCE, "audit.bad_since", "since")
-    return await audit.query(req.db, since=since, limit=_limit(req),
+    now = time.time()
+    since = now - since_time(req.query.get("since") or DEFAULT_SINCE, now, "audit")
+    return await audit.query(req.db, since=since, limit=_limit(req), now=now,
                              actor=req.query.get("actor") or None,
                              contains=req.query.get("contains") or None)
 
 
 ROUTES: list[Route] = [
     Route("GET", "/api/v1/audit", "Changes made, newest first", list_audit,
-          query=(Param("since", "How far back: 90m, 24h, 7d; 7d when absent."),
+          query=(Param("since", "How far back: 90m, 24h, 7d, or a date (2026-11-01) or RFC 3339 time; "
+                       "7d when absent."),
                  Param("limit", f"The most events to answer with (1 to {audit.MAX_LIMIT}; 100 "
                        "when absent).", type="integer"),
                  Param("actor", "Only changes by this actor."),

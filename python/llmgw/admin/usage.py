@@ -62,14 +62,20 @@ def parse_time(text: str, param: str, *, end: bool = False) -> float:
     return t.timestamp()
 
 
-def _since(text: str, now: float) -> float:
-    """`24h`/`7d` back from now, or a date or time."""
+def since_time(text: str, now: float, area: str = "usage") -> float:
+    """Unix seconds of a `since`: `24h`/`7d` back from now, or a date or time. Refusals are
+    coded `{area}.bad_since` (a duration that is not one) or `{area}.bad_time`."""
     if text[:1].isdigit() and text[-1:] in "smhdw" and "-" not in text:
         try:
             return now - parse_duration(text)
         except ValueError as e:
-            raise ApiError(400, "usage.bad_since", f"since: {e}.", "since") from None
-    return parse_time(text, "since")
+            raise ApiError(400, f"{area}.bad_since", f"since: {e}.", "since") from None
+    try:
+        return parse_time(text, "since")
+    except ApiError:
+        raise ApiError(400, f"{area}.bad_time", f"since={_echo(text)!r} is neither a duration back from now "
+                       "(90m, 24h, 7d) nor a date (2026-11-01) nor an RFC 3339 time (2026-11-01T08:00:00Z); "
+                       "give one of those.", "since") from None
 
 
 def _choice(req: Request, name: str, allowed: tuple[str, ...], default: str, code: str) -> str:
@@ -96,7 +102,7 @@ def routes(names: NameResolver | None = None) -> list[Route]:
             "team",  # type: ignore[assignment]
             "usage.bad_scope_kind",
         )
-        since = _since(req.query.get("since") or "24h", time.time())
+        since = since_time(req.query.get("since") or "24h", time.time())
         rows = await usage_by_scope(req.db, by, since)
         if names is not None and rows:
             paths = await names(req.db, [u.scope_id for u in rows if u.scope_id])
