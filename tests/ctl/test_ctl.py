@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
+import msgspec
 import pytest
 from inline_snapshot import snapshot
 
@@ -147,9 +148,16 @@ def test_every_command_calls_a_mounted_route() -> None:
         concrete = "/".join("x" if s.startswith("{") else s for s in c.path.split("/"))
         match = router.match(c.method, concrete)
         assert match is not None and match.route is not None and match.route.path == c.path
+        route = match.route
+        body_fields = {f.name for f in msgspec.structs.fields(route.request)} if route.request else set()
         for a in c.args:
+            where = (c.noun, c.verb, a.flag)
             if a.to == "path":
-                assert "{" + a.field + "}" in c.path, (c.noun, c.verb, a.flag)
+                assert "{" + a.field + "}" in c.path, where
+            elif a.to == "query":  # a query parameter the route does not read is refused with 400
+                assert a.field in {p.name for p in route.query}, where
+            elif a.kind != "model":  # a body field of the route's request type (dotted: nested)
+                assert a.field.split(".")[0] in body_fields, where
 
 
 # -- a stand-in server for the tenancy, keys and usage routes ---------------------
