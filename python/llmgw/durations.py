@@ -35,3 +35,18 @@ def format_duration(seconds: float) -> str:
         if s and s % _UNITS[unit] == 0:
             return f"{s // int(_UNITS[unit])}{unit}"
     return f"{s}s"
+
+
+def spoken_duration(seconds: float) -> str:
+    """A wait as a person reads it: tenths of a second under a minute (`59.6s`), else its two
+    largest units (`4m05s`, `10h10m`, `2d3h`)."""
+    if seconds < 60:
+        return f"{max(seconds, 0.0):.1f}s"
+    days, rest = divmod(round(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s"

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from llmgw.admin.route import Route
-from llmgw.durations import format_duration, parse_duration
+from llmgw.durations import format_duration, parse_duration, spoken_duration
 from llmgw.secrets import HASH_LABEL, Secret, derive, key_hash, key_prefix, new_api_key
 
 from .api import ROUTES
@@ -69,3 +69,9 @@ def test_every_route_has_a_json_schema() -> None:
     paths = [(r.method, r.path) for r in ROUTES]
     assert len(paths) == len(set(paths))
     assert all(isinstance(r, Route) and r.handler.__doc__ for r in ROUTES)
+
+
+def test_spoken_duration_reads_as_a_wait() -> None:
+    # A 429's `it frees in ...`: a budget's period end is hours away, not 36613.6s.
+    got = [spoken_duration(s) for s in (0.04, 59.6, 60, 245, 3600, 36613.6, 86400, 97200, -1.0)]
+    assert got == ["0.0s", "59.6s", "1m00s", "4m05s", "1h00m", "10h10m", "1d", "1d3h", "0.0s"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmgw import _core
-from llmgw.gateway.limits import FREE, Share, TokenLease
+from llmgw.gateway.limits import FREE, Denied, Share, TokenLease
 from llmgw.wire import KeyEntry, Limits
 
 NOW = 100.0
@@ -104,3 +104,10 @@ def test_take_admits_from_the_memo_only_for_the_entry_and_project_it_was_worked_
     assert _core.take({}, entry, project, NOW, 120) is False
     assert _core.take({"k": (entry, project, ())}, entry, project, NOW, 120) is False
     assert _core.take({"k": "garbage"}, entry, project, NOW, 120) is False
+
+
+def test_a_refusal_says_when_the_limit_frees_as_a_person_reads_it() -> None:
+    assert str(Denied("key:key_1", "rpm", 12.34)) == \
+        "the requests per minute limit of key key_1 is reached; it frees in 12.3s"
+    assert str(Denied("project:proj_1", "budget", 36613.6)) == \
+        "the token budget limit of project proj_1 is reached; it frees in 10h10m"

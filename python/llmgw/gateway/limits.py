@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from llmgw import _core
+from llmgw.durations import spoken_duration
 from llmgw.wire import KeyEntry, LeaseAsk, LeaseGrant, LeaseReply, LeaseRequest, Limits
 
 log = logging.getLogger("llmgw.gateway")
@@ -54,7 +55,7 @@ class Denied(Exception):
         self.retry_after = retry_after
         kind, _, ident = scope.partition(":")
         super().__init__(f"the {_WHAT.get(limit, limit)} limit of {kind} {ident} is reached; "
-                         f"it frees in {retry_after:.1f}s")
+                         f"it frees in {spoken_duration(retry_after)}")
 
 
 class Unavailable(Exception):
