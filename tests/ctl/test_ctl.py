@@ -221,7 +221,7 @@ org_bbbbbbbbbbbbbbbb  beta  0      -            -                           2026
 def test_keys_issue_prints_the_key_once(fake: type[_Fake], capsys: pytest.CaptureFixture[str]) -> None:
     fake.answers[("POST", "/api/v1/keys")] = _json(201, {
         "key": "sk-llmgw-" + "k" * 40, "id": "key_cccccccccccccccc", "name": "ci", "prefix": "sk-llmgw-kkkkkkk",
-        "project_id": "proj_dddddddddddddddd", "path": "acme/ml/chat", "user_id": None,
+        "project_id": "proj_dddddddddddddddd", "path": "acme/ml/chat", "user_id": None, "user": None,
         "created_at": 1790000000.0, "expires_at": 1792592000.0, "revoked_at": None,
         "last_used_at": None, "limits": {"rpm": 10}})
     code, out, err = ctl(capsys, "keys", "issue", "acme/ml/chat", "ci", "--ttl", "30d", "--rpm", "10")
@@ -230,11 +230,12 @@ id:           key_cccccccccccccccc
 name:         ci
 prefix:       sk-llmgw-kkkkkkk
 path:         acme/ml/chat
-user_id:      -
+user:         -
 expires_at:   2026-10-21T14:13:20Z
 last_used_at: -
 revoked_at:   -
 project_id:   proj_dddddddddddddddd
+user_id:      -
 created_at:   2026-09-21T14:13:20Z
 limits:       rpm=10
 This key will not be shown again: store it now.

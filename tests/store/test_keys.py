@@ -178,6 +178,8 @@ def test_user_keys_need_membership_and_go_with_it(store_url: str) -> None:
         site = await k.issue_key(db, A, project="acme/web/site", name="c", user="alice",
                                  hash_key=HASH_KEY)
         other = await k.issue_key(db, A, project="acme/ml/chat", name="d", hash_key=HASH_KEY)
+        # Lists name the user, as `ctl keys list` shows them.
+        assert {x.name: x.user for x in await k.list_keys(db)} == {"a": "alice", "b": "alice", "c": "alice", "d": None}
         # Leaving the org: the team membership still covers chat and eval, nothing else does
         # site: only site's key goes.
         v = await snapshot_version(db)
@@ -196,7 +198,7 @@ def test_user_keys_need_membership_and_go_with_it(store_url: str) -> None:
         assert {x.id for x in await k.list_keys(db)} == {other.id}
         assert [e.key_id for e in (await build_snapshot(db)).keys] == [other.id]
         revoked = await k.get_key(db, ev.id)
-        assert (revoked.revoked_at is not None, revoked.user_id) == (True, None)
+        assert (revoked.revoked_at is not None, revoked.user_id, revoked.user) == (True, None, None)
 
     with_db(store_url, body)
 

@@ -29,14 +29,14 @@ from .views import IssuedKey, KeyView, limits_json, limits_of
 
 _KEYS = ("SELECT k.id, k.name, k.prefix, k.project_id, k.user_id, k.created_at, k.expires_at, "
          "k.revoked_at, k.last_used_at, k.limits, o.name AS org_name, t.name AS team_name, "
-         "p.name AS project_name FROM api_keys k JOIN projects p ON p.id = k.project_id "
-         "JOIN teams t ON t.id = p.team_id JOIN orgs o ON o.id = t.org_id")
+         "p.name AS project_name, u.name AS user_name FROM api_keys k JOIN projects p ON p.id = k.project_id "
+         "JOIN teams t ON t.id = p.team_id JOIN orgs o ON o.id = t.org_id LEFT JOIN users u ON u.id = k.user_id")
 
 
 def _view(r: Row) -> KeyView:
     return KeyView(id=r["id"], name=r["name"], prefix=r["prefix"], project_id=r["project_id"],
                    path=f"{r['org_name']}/{r['team_name']}/{r['project_name']}",
-                   user_id=r["user_id"], created_at=r["created_at"], expires_at=r["expires_at"],
+                   user_id=r["user_id"], user=r["user_name"], created_at=r["created_at"], expires_at=r["expires_at"],
                    revoked_at=r["revoked_at"], last_used_at=r["last_used_at"],
                    limits=limits_of(r["limits"]))
 

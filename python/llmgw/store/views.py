@@ -100,6 +100,8 @@ class KeyView(msgspec.Struct, kw_only=True):
     path: str
     """The project's ORG/TEAM/PROJECT."""
     user_id: str | None
+    user: str | None = None
+    """The user's name, while the user exists."""
     created_at: float
     expires_at: float | None
     revoked_at: float | None

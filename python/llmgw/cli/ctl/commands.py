@@ -87,7 +87,7 @@ _PROJECT = (Column("ID", "id"), Column("PATH", "path"), Column("KEEP BODIES", "k
 _USER = (Column("ID", "id"), Column("NAME", "name"), Column("EMAIL", "email"), _CREATED)
 _MEMBER = (Column("USER", "user"), Column("SCOPE", "scope"), Column("ROLE", "role"))
 _KEY = (Column("ID", "id"), Column("NAME", "name"), Column("PREFIX", "prefix"), Column("PROJECT", "path"),
-        Column("USER", "user_id"), Column("EXPIRES", "expires_at", "time"),
+        Column("USER", "user"), Column("EXPIRES", "expires_at", "time"),
         Column("LAST USED", "last_used_at", "time"), Column("REVOKED", "revoked_at", "time"))
 _USAGE = (Column("SCOPE", "path"), Column("REQUESTS", "requests"), Column("ERRORS", "errors"),
           Column("PROMPT", "prompt_tokens"), Column("COMPLETION", "completion_tokens"),
