@@ -124,3 +124,7 @@ def test_issue_use_account_revoke(tmp_path: Path) -> None:
         again = answer["id"].removeprefix("chatcmpl-")  # the gateway's request id, as for any answer
         key_of = json.loads(ctl(data_dir, admin_port, "--json", "requests", "get", original).stdout)["key_id"]
         assert wait_for("the replay's record", lambda: admin_record(admin, again), 10)["key_id"] == key_of
+        # The replay runs as a tenant's key: the audit log says who sent it, where, and what became of it.
+        [event] = json.loads(ctl(data_dir, admin_port, "--json", "audit", "--contains", "request.replay").stdout)
+        assert (event["target"], event["after"]) == (f"request:{original}", {
+            "model": "sim-model", "key_id": key_of, "status": 200, "request_id": again})

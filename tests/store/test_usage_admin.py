@@ -12,7 +12,7 @@ import pytest
 from llmgw.admin import requests as req_routes
 from llmgw.admin import usage as usage_routes
 from llmgw.admin.route import ApiError, Raw, Request, Route
-from llmgw.store import Database
+from llmgw.store import Database, audit
 from llmgw.store.usage import ingest, settle_gateway
 
 from .usage_util import T0, batch, final, opened
@@ -283,6 +283,9 @@ def test_replay_goes_through_the_gateway(store_url: str) -> None:
             with pytest.raises(ApiError) as e:
                 await replay(_req(db, path_params={"id": "k"}, gateway_url=url,
                                   body=req_routes.ReplayRequest(model="gone")))
+            events = await audit.query(db, actor="admin")
+            assert [(e.action, e.target, e.after["model"], e.after["status"]) for e in events] == [
+                ("request.replay", "request:k", "gone", 401), ("request.replay", "request:k", "big", 200)]
             # Not a 401: that would tell the operator their admin token is wrong.
             assert (e.value.status, e.value.code, str(e.value)) == (
                 409, "requests.replay_refused",

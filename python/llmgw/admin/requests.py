@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from llmgw.store import audit
 from llmgw.store.requests import NotKept, RequestBody, RequestView, kept_body, request_view
 
 from .route import ApiError, Raw, Request, Route
@@ -150,7 +151,7 @@ async def replay(req: Request) -> Raw:
         # The gateway attributes the replay to this key (it has no store to look it up).
         headers["x-llmgw-replay-key"] = key_id
     try:
-        status, ctype, data = await asyncio.to_thread(
+        status, ctype, data, again = await asyncio.to_thread(
             post, str(base), _path_of(body), msgspec.json.encode(body), headers, REPLAY_TIMEOUT_S
         )
     except (OSError, http.client.HTTPException) as e:
@@ -160,6 +161,10 @@ async def replay(req: Request) -> Raw:
             f"the gateway at {base} did not answer the replay ({e}); check that it "
             "runs and that gateway_url in server.yaml points at it.",
         ) from None
+    # A replay runs as the original key and counts in its usage and budget: who sent it,
+    # to which model and with what outcome is kept like any change made here.
+    await audit.record(req.db, req.actor, "request.replay", f"request:{rid}", None,
+                       {"model": req.body.model, "key_id": key_id, "status": status, "request_id": again})
     if status == 401:
         # The gateway's 401 is about the replayed key, not the caller's admin token (which
         # a 401 from here would mean): answered as a conflict, in the gateway's words.
@@ -178,8 +183,9 @@ def _message(data: bytes) -> str:
 
 def post(
     base: str, path: str, payload: bytes, headers: dict[str, str], timeout: float
-) -> tuple[int, str, bytes]:
-    """POSTs `payload` to `base` + `path` (blocking: run it in a thread); (status, type, body)."""
+) -> tuple[int, str, bytes, str | None]:
+    """POSTs `payload` to `base` + `path` (blocking: run it in a thread); (status, type, body,
+    the answer's x-request-id)."""
     u = urlsplit(base)
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
     conn = cls(u.hostname or "127.0.0.1", u.port, timeout=timeout)
@@ -187,7 +193,7 @@ def post(
     try:
         conn.request("POST", prefix + path, body=payload, headers=headers)
         resp = conn.getresponse()
-        return resp.status, resp.getheader("content-type") or "", resp.read()
+        return resp.status, resp.getheader("content-type") or "", resp.read(), resp.getheader("x-request-id")
     finally:
         conn.close()
 
