@@ -70,3 +70,18 @@ def test_nodes_models_and_placement_questions(fleet_factory: Callable[..., Fleet
 
     code, out, _ = ctl(capsys, *base, "replicas", "--model", "sim-model")
     assert code == 0 and rid in out
+
+    # Every change above is in the audit log, with what it changed (issue 5: every change
+    # made through the admin API). A refused one (the scale to 5, the removals) is not.
+    events = {(e["action"], e["target"]): e for e in f.get("/api/v1/audit")}
+    assert set(events) == {("model.add", "model:big"), ("model.remove", "model:big"), ("node.cordon", "node:n1")}
+    assert events[("model.add", "model:big")]["after"]["name"] == "big"
+    assert events[("model.remove", "model:big")]["before"]["name"] == "big"
+    cordon = events[("node.cordon", "node:n1")]
+    admin_state = f.get("/api/v1/nodes")[0]["admin_state"]
+    assert (cordon["before"]["admin_state"], cordon["after"]["admin_state"], cordon["actor"]) == (
+        "ready", admin_state, "admin") and admin_state != "ready"
+    status, doc = f.post("/api/v1/models/sim-model/scale", {"replicas": 2})  # its bounds are 2 to 2
+    assert status == 200, doc
+    [scale] = [e for e in f.get("/api/v1/audit") if e["action"] == "model.scale"]
+    assert (scale["target"], scale["before"]["wanted"], scale["after"]["wanted"]) == ("model:sim-model", 2, 2)

@@ -79,4 +79,6 @@ def test_engine_crashes_restart_then_park(fleet_factory: Callable[..., Fleet]) -
     assert [x["id"] for x in f.replicas()] == [parked["id"]]
     status, done = f.post("/api/v1/restart", {"replicas": [parked["id"]]})
     assert (status, done) == (200, [{"replica": parked["id"], "how": "started again in place"}])
+    [event] = [e for e in f.get("/api/v1/audit") if e["action"] == "replica.restart"]
+    assert (event["target"], event["after"]["restarted"]) == (parked["id"], done)
     wait_for("ready again", lambda: _ready(f, 1))

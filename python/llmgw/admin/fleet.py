@@ -15,6 +15,7 @@ from msgspec import Struct
 from llmgw.control.catalog import Model, Name
 from llmgw.control.inventory import LIVE, Node, Replica
 from llmgw.control.placement import NodeVerdict
+from llmgw.store import audit
 
 from .route import ApiError, Param, Request, Route
 from .store_errors import flag, mapped
@@ -251,7 +252,10 @@ async def set_node_state(req: Request) -> NodeView:
     """POST /api/v1/nodes/{id}/state."""
     fleet = _fleet(req)
     body: NodeState = req.body
-    return node_view(fleet, await fleet.set_admin_state(req.path_params["id"], body.state))
+    before = node_view(fleet, fleet.node(req.path_params["id"]))
+    after = node_view(fleet, await fleet.set_admin_state(req.path_params["id"], body.state))
+    await _audit(req, f"node.{body.state}", f"node:{after.id}", before, after)
+    return after
 
 
 @mapped
@@ -261,6 +265,7 @@ async def remove_node(req: Request) -> NodeView:
     n = fleet.node(req.path_params["id"])
     view = node_view(fleet, n)
     await fleet.remove_node(n.id)
+    await _audit(req, "node.remove", f"node:{n.id}", view, None)
     return view
 
 
@@ -293,7 +298,9 @@ async def add_model(req: Request) -> ModelView:
     fleet = _fleet(req)
     m: Model = req.body
     await fleet.add_model(m, msgspec.to_builtins(m))
-    return model_view(fleet, m)  # type: ignore[no-any-return]
+    view: ModelView = model_view(fleet, m)
+    await _audit(req, "model.add", f"model:{m.name}", None, view)
+    return view
 
 
 @mapped
@@ -312,9 +319,10 @@ async def remove_model(req: Request) -> ModelView:
     """DELETE /api/v1/models/{name}."""
     fleet = _fleet(req)
     m = fleet.model(req.path_params["name"])
-    view = model_view(fleet, m)
+    view: ModelView = model_view(fleet, m)
     await fleet.remove_model(m.name)
-    return view  # type: ignore[no-any-return]
+    await _audit(req, "model.remove", f"model:{m.name}", view, None)
+    return view
 
 
 @mapped
@@ -322,8 +330,11 @@ async def scale_model(req: Request) -> ModelView:
     """POST /api/v1/models/{name}/scale."""
     fleet = _fleet(req)
     body: Scale = req.body
+    before: ModelView = model_view(fleet, fleet.model(req.path_params["name"]))
     m = await fleet.set_scale(req.path_params["name"], body.replicas)
-    return model_view(fleet, m)  # type: ignore[no-any-return]
+    after: ModelView = model_view(fleet, m)
+    await _audit(req, "model.scale", f"model:{m.name}", before, after)
+    return after
 
 
 @mapped
@@ -372,7 +383,16 @@ async def restart(req: Request) -> list[RestartItem]:
         raise ApiError(400, "restart.nothing", "name what to restart: `replicas` (ids) or "
                        "`models` (names), or both")
     done = await fleet.restart(body.replicas, body.models)
-    return [RestartItem(replica=rid, how=how) for rid, how in done]
+    items = [RestartItem(replica=rid, how=how) for rid, how in done]
+    await _audit(req, "replica.restart", ",".join(body.models + body.replicas)[:200], None,
+                 {"models": body.models, "replicas": body.replicas, "restarted": items})
+    return items
+
+
+async def _audit(req: Request, action: str, target: str, before: Any, after: Any) -> None:
+    """Records a fleet change made through the API, once it is made (the fleet commits its
+    own writes, so the event follows in a statement of its own)."""
+    await audit.record(req.db, req.actor, action, target, before, after)
 
 
 _SIZES = ("Sizes (gpu_memory, memory) are bytes here; `llmgw ctl models add FILE` also takes "
