@@ -74,7 +74,7 @@ def test_get_live_finds_only_a_key_that_has_not_expired() -> None:
 def test_the_control_planes_replay_runs_as_the_key_it_names() -> None:
     table = _table(replay_token="gw-token")
     assert table.resolve("Bearer gw-token", "", replay_key="key_1").key_id == "key_1"
-    with pytest.raises(Unauthorized, match="key key_2 is revoked, or was removed with its user or project"):
+    with pytest.raises(Unauthorized, match="key key_2 is revoked or expired, or was removed with its user or project"):
         table.resolve("Bearer gw-token", "", replay_key="key_2")
     with pytest.raises(Unauthorized, match="must name the original request's key in x-llmgw-replay-key"):
         table.resolve("Bearer gw-token", "")

@@ -100,8 +100,8 @@ class KeyTable:
                                "in x-llmgw-replay-key; this control plane and gateway are of different versions")
         entry = self.by_id.get(key_id)
         if entry is None:
-            raise Unauthorized(f"the replayed request's key {truncate(key_id)} is revoked, or was removed with its "
-                               "user or project, so the request cannot be replayed under it")
+            raise Unauthorized(f"the replayed request's key {truncate(key_id)} is revoked or expired, or was removed "
+                               "with its user or project, so the request cannot be replayed under it")
         return entry
 
 
