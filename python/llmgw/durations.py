@@ -7,6 +7,8 @@ import re
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 DURATION_PATTERN = r"^(?:[0-9]{1,9}[smhdw]){1,5}$"
 """What `parse_duration` accepts: one to five `<number><unit>` parts, units s m h d w."""
+DURATION_RULE = "a number and a unit (s, m, h, d, w), like 90m, 24h or 30d"
+"""What a duration is, in words, for documents and refusals."""
 _FULL = re.compile(DURATION_PATTERN)
 _PART = re.compile(r"([0-9]+)([smhdw])")
 

@@ -10,7 +10,7 @@ from typing import Annotated, TypeVar
 
 import msgspec
 
-from llmgw.durations import DURATION_PATTERN, parse_duration
+from llmgw.durations import DURATION_PATTERN, DURATION_RULE, parse_duration
 from llmgw.store.errors import Kind, TenancyError, shown
 from llmgw.store.names import NAME_PATTERN, NAME_RULE
 
@@ -25,7 +25,7 @@ Name = Annotated[str, msgspec.Meta(
                 "letter or digit, without '..'", examples=["ml-research"])]
 Duration = Annotated[str, msgspec.Meta(
     max_length=40, pattern=DURATION_PATTERN,
-    description="A duration: a number and a unit (s, m, h, d, w), like 90m, 24h or 30d.",
+    description=f"A duration: {DURATION_RULE}.",
     examples=["90d"])]
 EMAIL_PATTERN = r"^[^@\s\x00-\x1f\x7f]{1,64}@[^@\s\x00-\x1f\x7f]{1,190}$"
 Email = Annotated[str, msgspec.Meta(max_length=255, pattern=EMAIL_PATTERN, examples=["alice@example.com"])]
@@ -39,8 +39,7 @@ R = TypeVar("R")
 # value sent, not with msgspec's words (which quote the regex): (code, what, rule).
 _RULES = {
     NAME_PATTERN: ("tenancy.bad_name", "name", f"{NAME_RULE}; pick another, like 'ml-research'"),
-    DURATION_PATTERN: ("admin.bad_duration", "duration",
-                       "a duration is a number and a unit (s, m, h, d, w), like 90m, 24h or 30d"),
+    DURATION_PATTERN: ("admin.bad_duration", "duration", f"a duration is {DURATION_RULE}"),
     EMAIL_PATTERN: ("users.bad_email", "email address", "give one like alice@example.com"),
 }
 _NAME_LENGTH = re.compile(r"^Expected `str` of length (>= 1|<= 63) ")

@@ -57,8 +57,9 @@ class KeyTable:
         self.version: int | None = None
         self.keys = _core.KeyIndex(hash_key, [])
         """Key -> its entry: the keyed hash and the lookup in one native call."""
-        self.by_id: dict[str, KeyEntry] = {}
-        """Key id -> its entry, for replays."""
+        self._entries: list[KeyEntry] = []
+        self._by_id: dict[str, KeyEntry] | None = None
+        """Key id -> its entry, made from `_entries` at the first replay after a load."""
         self.projects: dict[str, Limits] = {}
 
     def load(self, snap: Snapshot) -> None:
@@ -68,7 +69,7 @@ class KeyTable:
             log.error("snapshot %d: %d keys have a stored hash that is not 64 hexadecimal digits and "
                       "cannot be used; the control plane's store holds a damaged row", snap.version, keys.skipped)
         self.keys = keys
-        self.by_id = {k.key_id: k for k in snap.keys}
+        self._entries, self._by_id = snap.keys, None
         self.projects = snap.projects
         self.version = snap.version
 
@@ -98,7 +99,9 @@ class KeyTable:
         if not key_id:
             raise Unauthorized("a replay from the control plane must name the original request's key "
                                "in x-llmgw-replay-key; this control plane and gateway are of different versions")
-        entry = self.by_id.get(key_id)
+        if self._by_id is None:  # replays are rare: no index is kept up for them at every load
+            self._by_id = {k.key_id: k for k in self._entries}
+        entry = self._by_id.get(key_id)
         if entry is None:
             raise Unauthorized(f"the replayed request's key {truncate(key_id)} is revoked or expired, or was removed "
                                "with its user or project, so the request cannot be replayed under it")
