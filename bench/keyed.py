@@ -38,7 +38,7 @@ LIMITS = {"rpm": 1_000_000_000, "tpm": 1_000_000_000_000}
 class Keyed:
     """The control plane, the key and the keyed gateway; `stop` ends both servers."""
 
-    def __init__(self, bin_path: str, upstream: str, model: str, workdir: Path) -> None:
+    def __init__(self, bin_path: str, upstream: str, model: str, workdir: Path, workers: int = 1) -> None:
         self.data_dir = workdir / "keys-data"
         port = free_port()
         self.server_args = [
@@ -71,7 +71,7 @@ class Keyed:
             "--port",
             str(gport),
             "--workers",
-            "1",
+            str(workers),
             "--control-plane",
             self.server.url,
             "--data-dir",

@@ -44,6 +44,8 @@ class Stack:
     """The running upstream, gateways and peers, and what happened to each."""
 
     sim_workers: int = 2
+    gateway_workers: int = 1
+    """Workers of every llmgw gateway, plain and keyed alike (`--gateway-workers`)."""
     output_tokens: int = 16
     upstream: str = "sim"
     """`sim` (the Python engine simulator) or `fast` (rust/examples/fast_upstream.rs: one fixed,
@@ -125,10 +127,10 @@ class Stack:
 
     def _start_gateway(self, name: str, upstream: str, env: dict[str, str] | None = None,
                        notes: str = "") -> None:
-        """A plain llmgw gateway (one worker) in front of `upstream`, as the target `name`."""
+        """A plain llmgw gateway (`gateway_workers` workers) in front of `upstream`, as the target `name`."""
         gport = free_port()
         gw_args = [llmgw_bin(), "gateway", "--endpoint", f"sim={upstream}={MODEL}", "--port", str(gport),
-                   "--workers", "1"]
+                   "--workers", str(self.gateway_workers)]
         t = Target(name=name, kind="gateway", version=versions("llmgw")["llmgw"], command=gw_args,
                    notes=notes)
         try:
@@ -173,7 +175,7 @@ class Stack:
         )
         self.targets.append(t)
         try:
-            self.keyed = Keyed(llmgw_bin(), upstream, MODEL, self.workdir)
+            self.keyed = Keyed(llmgw_bin(), upstream, MODEL, self.workdir, self.gateway_workers)
         except (RuntimeError, OSError) as e:
             t.status = f"start failed: {str(e)[-600:]}"
             return

@@ -134,6 +134,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="keep the load generator and llmgw-keys' control plane on the first CPU, "
                         "the upstream and the gateways on the others (default: the scheduler "
                         "places every thread)")
+    p.add_argument("--gateway-workers", type=int, default=1, metavar="N",
+                   help="workers of each llmgw gateway, plain and keyed (default 1: the interpreter "
+                        "thread of one worker bounds it; the machine's CPU count fills the machine)")
     p.add_argument("--base", metavar="REV",
                    help="throughput/overhead: also run llmgw's gateway from git revision REV's python/ "
                         "(target llmgw-base, this build's Rust core; refused when rust/ differs), "
@@ -171,7 +174,10 @@ def run_scenario(args: argparse.Namespace) -> int:
     if args.upstream == "fast" and args.scenario not in ("throughput", "overhead"):
         raise SystemExit(f"--upstream fast answers only non-streamed requests; the {args.scenario} "
                          "scenario needs the simulator (--upstream sim)")
-    stack = Stack(output_tokens=tokens, peer_names=peer_names, upstream=args.upstream)
+    if args.gateway_workers < 1:
+        raise SystemExit(f"--gateway-workers {args.gateway_workers}: a gateway needs at least one worker")
+    stack = Stack(output_tokens=tokens, peer_names=peer_names, upstream=args.upstream,
+                  gateway_workers=args.gateway_workers)
     base_git = ""
     if args.base:
         if args.scenario not in ("throughput", "overhead"):
@@ -229,7 +235,7 @@ def run_scenario(args: argparse.Namespace) -> int:
             "stream": sc.stream,
             "output_tokens": tokens,
             "sim_workers": stack.sim_workers,
-            "gateway_workers": 1,
+            "gateway_workers": stack.gateway_workers,
             "requests": args.requests if args.scenario == "soak" else 0,
             "quick": args.quick,
             "pinned": pinned,
