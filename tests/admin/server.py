@@ -76,3 +76,19 @@ def start_server(tmp_path: Path, store: str | None = None, *extra: str,
     proc = start_process(args, READY, timeout=30, env=env)
     token = (data_dir / "admin-token").read_text().strip()
     return Server(proc, proc.url, data_dir, token)
+
+
+def scrape(server: Server) -> dict[str, float]:
+    """Every sample of the control plane's GET /metrics (no token), keyed as the exposition
+    writes it with the labels sorted: `name` or `name{a="x",b="y"}`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, headers, text = server.call("GET", "/metrics", token=None)
+    assert status == 200, text
+    assert headers["content-type"].startswith("text/plain; version=0.0.4")
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out

@@ -34,7 +34,7 @@ def test_every_table_route_is_mounted(server: Server) -> None:
 def test_nothing_is_mounted_outside_the_table(server: Server) -> None:
     table = {(r.method, r.path) for r in ROUTES}
     probes = ["/", "/api", "/api/v1", "/api/v1/", "/api/v1/openapi.json/", "/internal/v1",
-              "/api/v1/admin", "/metrics", "/health", "/docs", "//api/v1/openapi.json"]
+              "/api/v1/admin", "/metrics/", "/healthz", "/docs", "//api/v1/openapi.json"]
     for path in probes:
         for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
             status, _, body = server.call(method, path)

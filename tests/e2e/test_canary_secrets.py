@@ -4,9 +4,9 @@ gateway token and API keys never appear in any output of a run.
 A control plane, a simulator and a gateway run a session that touches every path a secret
 could leak through: good requests, refused keys (revoked, in the URL, in the wrong scheme),
 engine errors mid-stream, a request record, usage, audit and exports, /health, /ready and
-/metrics, a store outage of the admin API... Then every answer, every line the processes
-printed and the store file itself are searched for each secret and for the parts of it a
-careless truncation would print.
+/metrics (the gateway's and the control plane's), a store outage of the admin API... Then
+every answer, every line the processes printed and the store file itself are searched for
+each secret and for the parts of it a careless truncation would print.
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ def test_no_secret_in_any_answer_log_or_stored_row(tmp_path: Path) -> None:
             _http(api + "/keys", None, {"authorization": f"Bearer {admin_token[:-1]}"}),
             _http(api + f"/keys?token={admin_token}", None, admin),
             _http(cluster.server.url + "/internal/v1/snapshot", None, admin),
+            # After every call above: the control plane's scrape has counted them all.
+            _http(cluster.server.url + "/metrics"), _http(cluster.server.url + "/health"),
         ]
         assert answers[0][0] == 200 and answers[1][0] == 200, answers[:2]
         assert [a[0] for a in answers[6:11]] == [401] * 5, [a[0] for a in answers[6:11]]

@@ -87,6 +87,12 @@ def test_sigkill_under_load_accounts_each_forwarded_request_once(tmp_path: Path)
                      if (v := cluster.request_record(rid)) is not None and v["state"] != "open"]
         rows = cluster.call("GET", "/api/v1/usage?by=project&since=1h")
         assert sum(r["requests"] for r in rows) == len(accounted)
+        # The control plane's metrics say how many it settled: every interrupted record.
+        interrupted = sum(1 for rid in accounted
+                          if (v := cluster.request_record(rid)) and v["state"] == "interrupted")
+        with urllib.request.urlopen(cluster.server.url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        assert f"llmgw_usage_settled_total {float(interrupted)}" in text.splitlines()
         print(f"{len(forwarded)} forwarded, {len(early)} more than 1 s before the kill, "
               f"{states.count('interrupted')} of those settled as interrupted, {len(accounted)} accounted")
     finally:

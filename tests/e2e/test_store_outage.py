@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,11 @@ def test_an_outage_past_the_lease_fails_closed_and_heals(tmp_path: Path) -> None
                 statuses = [chat_status(gw.url, limited["key"]) for _ in range(3)]
                 assert statuses == [503] * 3, (statuses, cluster.server.output[-3000:])
                 assert chat_status(gw.url, free["key"]) == 200
+                # What an alert on `sum(llmgw_control_plane_leader) == 0` reads meanwhile; a
+                # probe still answers, without the store.
+                assert _leader_gauge(cluster) == 0
+                health = urllib.request.urlopen(cluster.server.url + "/health", timeout=10)
+                assert json.loads(health.read()) == {"status": "ok", "role": "standby"}
                 cut.restore()
                 deadline = time.monotonic() + 15
                 while chat_status(gw.url, limited["key"]) != 200:
@@ -119,8 +125,16 @@ def test_an_outage_past_the_lease_fails_closed_and_heals(tmp_path: Path) -> None
                 assert cluster.server.popen.poll() is None
                 leader = cluster.call("GET", "/api/v1/leader")
                 assert leader["role"] == "leader", leader
+                assert _leader_gauge(cluster) == 1
                 assert "stepping down so that no two control planes place replicas" in cluster.server.output
             finally:
                 cluster.stop()
     finally:
         drop_pg_database(url)
+
+
+def _leader_gauge(cluster: Cluster) -> float:
+    """`llmgw_control_plane_leader` as the control plane's GET /metrics says it."""
+    with urllib.request.urlopen(cluster.server.url + "/metrics", timeout=10) as resp:
+        lines = resp.read().decode().splitlines()
+    return float(next(ln.split()[1] for ln in lines if ln.startswith("llmgw_control_plane_leader ")))

@@ -26,7 +26,7 @@ import pytest
 
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1.agent_pb2_grpc import AgentServiceStub
-from tests.admin.server import READY, Server
+from tests.admin.server import READY, Server, scrape
 from tests.fleet.conftest import AGENT_READY, FAST, SIM_MODEL, killpg, wait_for
 from tests.procs import Proc, free_port, start_process
 from tests.sim.util import sim_env
@@ -161,6 +161,13 @@ def test_standby_forwards_refuses_agents_and_takes_over_without_restarts(pair: P
     # A request another standby already forwarded is not forwarded again (no loop).
     status, _, doc = b.call("GET", "/api/v1/orgs", headers={"x-llmgw-forwarded-by": "x"})
     assert status == 503 and doc["error"]["code"] == "control_plane.no_leader"
+    # Probes and scrapes are each process's own: the standby says it is one.
+    assert b.call("GET", "/health", token=None)[2] == {"status": "ok", "role": "standby"}
+    assert scrape(a)["llmgw_control_plane_leader"] == 1
+    b_metrics = scrape(b)
+    assert b_metrics["llmgw_control_plane_leader"] == 0
+    assert b_metrics['llmgw_admin_requests_total{code="201",method="POST",route="forwarded"}'] == 1
+    assert "llmgw_nodes" not in str(b_metrics)  # a standby holds no fleet
 
     # Agents that know the standby first are sent to the leader.
     pair.agent("n1", pair.agent_ports[::-1])
@@ -198,6 +205,7 @@ def test_standby_forwards_refuses_agents_and_takes_over_without_restarts(pair: P
     assert time.monotonic() - killed < TTL + TAKEOVER_SLACK
     lead_b = get(b, "/api/v1/leader")
     assert lead_b["leader_id"] == lead_b["id"] != lead_a["id"]
+    assert scrape(b)["llmgw_control_plane_leader"] == 1
 
     def both_back() -> bool:
         return {n["id"]: n["connected"] for n in get(b, "/api/v1/nodes")} == {"n1": True,

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -24,6 +25,7 @@ from urllib.parse import parse_qsl
 import msgspec
 
 from llmgw import datadir
+from llmgw.control.metrics import ROUTE_FORWARDED, ROUTE_UNMATCHED
 from llmgw.control.server import token_digest
 from llmgw.serving import read_body
 from llmgw.store.db import Conflict, StoreError
@@ -52,13 +54,15 @@ CREDENTIAL_PARAMS = frozenset({"key", "api_key", "apikey", "token", "access_toke
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _TRUE_FALSE = {"true": True, "false": False, "1": True, "0": False}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+"""Methods kept as a metric label; any other is counted as `other`."""
 _MSGPACK = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 # Headers a handler never sees: credentials stay in this module.
 _HIDDEN_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 _PARAM_AT = re.compile(r" - at `\$\.?([^`]*)`$")
 # Answered by every control plane itself, leader or standby; the rest of a standby's
 # requests go to the leader (admin/forward.py).
-LOCAL_PATHS = frozenset({"/api/v1/leader"})
+LOCAL_PATHS = frozenset({"/api/v1/leader", "/health", "/metrics"})
 
 
 @dataclass
@@ -88,12 +92,14 @@ class AdminApp:
         loop.run_until_complete(self.control.stop())
 
     async def __rsgi__(self, scope: Any, protocol: Any) -> None:
+        started = time.perf_counter()
         rid = scope.headers.get("x-request-id")
         if not rid or not _REQUEST_ID.match(rid):
             self._rid_next += 1
             rid = f"{self._rid_prefix}{self._rid_next:08x}"
+        route = [ROUTE_UNMATCHED]
         try:
-            answer = await self.handle(scope, protocol, rid)
+            answer = await self.handle(scope, protocol, rid, route)
         except ApiError as e:
             answer = Answer(e.status, error_json(e.status, e.code, e.message, e.param))
         except Conflict:
@@ -120,13 +126,18 @@ class AdminApp:
         else:
             protocol.response_bytes(answer.status, [("content-type", answer.content_type), *headers],
                                     answer.body)
+        method = scope.method if scope.method in _METHODS else "other"
+        self.control.metrics.answered(method, route[0], answer.status, time.perf_counter() - started)
 
     # -- the steps ----------------------------------------------------------------
-    async def handle(self, scope: Any, protocol: Any, rid: str) -> Answer:
-        """One request, from route lookup to the encoded answer; raises ApiError for 4xx."""
+    async def handle(self, scope: Any, protocol: Any, rid: str, label: list[str] | None = None) -> Answer:
+        """One request, from route lookup to the encoded answer; raises ApiError for 4xx.
+        `label[0]` becomes the route's path template once one matches (for the metrics)."""
         method, path = scope.method, scope.path
+        label = label if label is not None else [ROUTE_UNMATCHED]
         leadership = self.control.leadership
         if leadership is not None and not leadership.is_leader and path not in LOCAL_PATHS:
+            label[0] = ROUTE_FORWARDED
             return await self._forward(scope, protocol, rid)
         pairs = _query_pairs(scope.query_string)
         try:
@@ -144,6 +155,7 @@ class AdminApp:
                                           f"{truncate(method, 10)} is not allowed on {truncate(path)}; "
                                           f"it takes {allowed}"),
                           headers=[("allow", allowed)])
+        label[0] = route.path
         actor = self._authenticate(route, scope.headers.get("authorization"))
         query = _check_query(route, pairs)
         for name, value in match.params.items():
@@ -199,6 +211,8 @@ class AdminApp:
 
     def _authenticate(self, route: Route, header: str | None) -> str:
         """The actor for a valid token of the route's kind; raises ApiError 401/403 otherwise."""
+        if route.public:
+            return "anonymous"
         cp = self.control
         scheme, _, token = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():

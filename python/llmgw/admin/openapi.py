@@ -94,6 +94,8 @@ def _operation(r: Route, schema_of: dict[int, Any], error: dict[str, Any]) -> di
         op["description"] = r.description
     if r.internal:
         op["security"] = [{"gatewayToken": []}]
+    elif r.public:
+        op["security"] = []
     params: list[dict[str, Any]] = []
     for seg in r.path.split("/"):
         if seg.startswith("{"):
@@ -116,7 +118,7 @@ def _operation(r: Route, schema_of: dict[int, Any], error: dict[str, Any]) -> di
             content["text/csv"] = {"schema": {"type": "string"}}
         ok["content"] = content
     elif r.response is Raw:
-        ok["content"] = {"application/octet-stream": {"schema": {"type": "string"}}}
+        ok["content"] = {r.media: {"schema": {"type": "string"}}}
     responses: dict[str, Any] = {str(r.status): ok}
     for status, text in _ERRORS.items():
         responses[status] = {**error, "description": text}

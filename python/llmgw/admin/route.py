@@ -100,3 +100,8 @@ class Route:
     """The answer is CSV unless JSON is asked for (`format=json`)."""
     internal: bool = False
     """Called by gateways with the gateway token, not by operators with the admin token."""
+    public: bool = False
+    """Answered without a token: a probe or a scrape, which carries no secret and no tenant's
+    data (GET /health, GET /metrics)."""
+    media: str = "application/octet-stream"
+    """The media type a `Raw` answer is documented with."""

@@ -39,6 +39,7 @@ from llmgw.store import Database, connect, migrate
 from llmgw.store.usage_post import Post
 
 from .leader import Leadership
+from .metrics import ControlMetrics
 from .settings import CONFIG_ENV, ServerConfig, Settings, decode_config
 
 if TYPE_CHECKING:
@@ -102,6 +103,8 @@ class ControlPlane:
         self._base: list[asyncio.Task[Any]] = []
         """The lease loop: runs for the whole process."""
         self._agent_server: Any = None
+        self.metrics = ControlMetrics(self)
+        """What GET /metrics answers; parts count their work into it."""
 
     @property
     def db(self) -> Database:

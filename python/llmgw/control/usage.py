@@ -34,7 +34,13 @@ async def attach(cp: ControlPlane) -> None:
     """Sets `cp.ingest_usage` and `cp.used_tokens`, and starts the settle and prune loops."""
 
     async def ingest_usage(post: Post) -> None:
-        await ingest(cp.db, post, time.time())
+        started = time.perf_counter()
+        try:
+            result = await ingest(cp.db, post, time.time())
+        except StoreError:
+            cp.metrics.ingest_failed()
+            raise
+        cp.metrics.ingested(post.gateway_id, result, time.perf_counter() - started)
 
     async def used_tokens(scope: str, period_start: float) -> int:
         return await tokens_used(cp.db, scope, period_start)
@@ -61,6 +67,7 @@ async def _settle(cp: ControlPlane) -> None:
             log.warning("could not settle or compact open requests: %s", e)
             continue
         if n:
+            cp.metrics.settled(n)
             log.warning("settled %d requests left open by gateways silent for %.0fs as interrupted",
                         n, cp.settings.gateway_silent_for)
 
