@@ -94,6 +94,9 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     client_body: Seconds = 30.0
     """A client must have sent its whole request body this long after its headers (slow
     uploads): 408. granian bounds only the headers."""
+    client_idle: Seconds = 30.0
+    """Longest a client may leave its streamed answer unread once it is far behind (slow
+    readers: see `gateway/slow_reader.py`): the engine's request is then cancelled."""
 
 
 class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -127,7 +127,7 @@ class Gateway:
         t = self.cfg.timeouts
         self.proxy = Proxy(
             self.replicas, self.usage, self.metrics, retries=self.cfg.retries,
-            connect=t.connect, first_byte=t.first_byte, idle=t.idle, total=t.total,
+            connect=t.connect, first_byte=t.first_byte, idle=t.idle, total=t.total, client_idle=t.client_idle,
             max_response_bytes=self.cfg.max_response_bytes, retry_after=self.cfg.retry_after_seconds,
             budget=RetryBank(self.cfg.retry_budget.ratio, self.cfg.retry_budget.min_per_second),
         )
@@ -323,6 +323,8 @@ class Gateway:
                     return None
             ticket = got
         call = Call(rid, model, target, stream, entry, keep)
+        if stream:
+            call.scope = scope  # its addresses, read only if the answer grows long (slow readers)
         try:
             if wake is not None and not await self._wake(protocol, rid, model, target, wake.scale_up_timeout):
                 return None

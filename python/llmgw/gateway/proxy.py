@@ -31,6 +31,7 @@ from llmgw.wire import NULL, KeyEntry
 from .errors import Kind, error_body, sse_error_event, truncate
 from .replicas import Replica, ReplicaSet
 from .retry_budget import RetryBank
+from .slow_reader import BEHIND_LIMIT, WATCH_AFTER, ClientStalled, Sockets, Watch
 from .usage import UsageOpen, UsageSink
 
 log = logging.getLogger("llmgw.gateway")
@@ -45,6 +46,8 @@ log = logging.getLogger("llmgw.gateway")
 DISCONNECT_WATCH_DELAY = 0.1
 
 JSON = "application/json"
+_NEVER = 1 << 62
+"""More bytes than any answer: a stream that is never watched."""
 
 
 class Failure(Exception):
@@ -78,6 +81,7 @@ class Call:
         "retries",
         "rid",
         "route",
+        "scope",
         "started_at",
         "status",
         "stream",
@@ -109,6 +113,8 @@ class Call:
         self.watch: asyncio.Future[Any] | None = None
         self.protocol: Any = None
         """The client's RSGI protocol, from `forward` on (what the watch listens on)."""
+        self.scope: Any = None
+        """The client's RSGI scope, for a streamed answer (its connection's addresses)."""
         self.watch_slot = 0
         """Where the disconnect watch's deadline waits (`Deadlines.add`)."""
         self.prompt = 0
@@ -144,7 +150,8 @@ class Proxy:
 
     def __init__(self, replicas: ReplicaSet, usage: UsageSink, metrics: Any, *, retries: int,
                  connect: float, first_byte: float, idle: float, total: float,
-                 max_response_bytes: int, retry_after: int, budget: RetryBank) -> None:
+                 max_response_bytes: int, retry_after: int, budget: RetryBank,
+                 client_idle: float = 30.0) -> None:
         self.replicas = replicas
         self.router = replicas.router
         self.usage = usage
@@ -156,6 +163,9 @@ class Proxy:
         self.first_byte = first_byte
         self.idle = idle
         self.total = total
+        self.client_idle = client_idle
+        """How long a stream waits for a client that reads nothing (`slow_reader.Watch`)."""
+        self.sockets = Sockets()
         self.max_response_bytes = max_response_bytes
         self.retry_after = retry_after
         self.loop = replicas.loop
@@ -373,6 +383,9 @@ class Proxy:
         transport = None
         t0 = call.t0
         keep = call.keep
+        sent = 0
+        watch_from = WATCH_AFTER
+        watch: Watch | None = None
         try:
             while (chunk := await ex.read_chunk(self.idle, deadline)) is not None:
                 out = tap.feed(chunk)
@@ -387,6 +400,14 @@ class Proxy:
                     if keep is not None:
                         keep.append(out)
                     await transport.send_bytes(out)
+                    sent += len(out)
+                    if sent >= watch_from:
+                        # A long answer: from here on, no faster than the client reads it.
+                        watch = watch or self._watch_reader(call)
+                        if watch is None:
+                            watch_from = _NEVER  # not a connection of its own (HTTP/2)
+                        else:
+                            await watch.check(sent)
             tail = tap.finish()
             if tail:
                 if keep is not None:
@@ -402,6 +423,13 @@ class Proxy:
         except _Cancelled:
             self._stream_usage(call, tap)
             call.status = "cancelled"
+            return
+        except ClientStalled as e:
+            # Nothing more is sent: the client has not read what it was sent already.
+            ex.cancel(str(e))
+            self._stream_usage(call, tap)
+            call.status = "client_timeout"
+            log.warning("request %s: %s; its request to replica %s is cancelled", call.rid, e, r.id)
             return
         except UpstreamError as e:
             ex.close()
@@ -423,6 +451,13 @@ class Proxy:
             call.status = "upstream_error"
         if transport is None:
             protocol.response_bytes(200, [("content-type", "text/event-stream"), ("x-request-id", call.rid)], b"")
+
+    def _watch_reader(self, call: Call) -> Watch | None:
+        """The watch on a streamed answer's client (HTTP/1.1 only; see `slow_reader`)."""
+        scope = call.scope
+        if scope is None or scope.http_version != "1.1":
+            return None
+        return Watch(self.sockets, scope.server, scope.client, BEHIND_LIMIT, self.client_idle)
 
     def _broken(self, r: Replica, e: UpstreamError) -> Failure:
         if isinstance(e, ConnectionBroken):

@@ -5,11 +5,12 @@ Several faults may be combined with commas, e.g. `slow=20,reset-after=3`.
 
 from __future__ import annotations
 
-import os
 import socket
 from functools import lru_cache
 
 import msgspec
+
+from llmgw.connections import address, borrow, connections
 
 HEADER = "x-sim-fault"
 
@@ -92,40 +93,20 @@ def reset_connection(client: str, server: str) -> bool:
 
     RSGI has no way to abort a response: an exception raised after
     `response_stream` still ends the chunked body cleanly. So find the
-    accepted socket in this worker's fd table by its (peer, local) addresses
-    and `shutdown()` it; the peer then sees EOF mid-body (no terminating
-    chunk), or EOF before any status line if no response was started.
-    Linux only (/proc/self/fd). Returns False if the socket was not found.
+    accepted socket in this worker's fd table by its (local, peer) addresses
+    (`llmgw.connections`) and `shutdown()` it; the peer then sees EOF mid-body
+    (no terminating chunk), or EOF before any status line if no response was
+    started. Linux only (/proc/self/fd). Returns False if the socket was not found.
     """
-    peer = _split_addr(client)
-    local = _split_addr(server)
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-            sock = socket.socket(fileno=os.dup(fd))
-        except OSError:  # closed meanwhile, or not a socket
-            continue
-        try:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                p, l = sock.getpeername(), sock.getsockname()
-                if (_norm(p[0]), p[1]) == peer and (_norm(l[0]), l[1]) == local:
-                    # shutdown acts on the shared socket, not just our dup'd fd.
-                    sock.shutdown(socket.SHUT_RDWR)
-                    return True
-        except OSError:
-            pass
-        finally:
-            sock.close()
-    return False
-
-
-def _norm(host: str) -> str:
-    host = host.strip("[]")
-    return host.removeprefix("::ffff:")
-
-
-def _split_addr(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return _norm(host), int(port) if port.isdigit() else -1
+    local, peer = address(server), address(client)
+    fd = connections().get((local, peer)) if local is not None and peer is not None else None
+    sock = None if fd is None else borrow(fd)
+    if sock is None:
+        return False
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # acts on the socket itself, granian's too
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.detach()

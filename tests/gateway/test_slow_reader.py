@@ -1,0 +1,116 @@
+"""Slow readers (RELIABILITY A): a client that stops reading its streamed answer is not sent the
+rest into the gateway's memory; after `timeouts.client_idle` without reading, the engine's
+request is cancelled and the tokens produced are billed. A client that reads slowly, but
+reads, gets its whole answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from .conftest import Gateway, http_get, metric_value, start_sim
+
+TOKENS = 300_000
+"""About 60 MB of SSE: what the gateway would come to hold for a client that reads nothing."""
+
+
+def _tree_rss_mb(pid: int) -> float:
+    """Resident memory of `pid` and every process below it (granian's worker), in MB."""
+    parents: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, pp in parents.items() if pp in tree} - tree
+        tree |= more
+        grew = bool(more)
+    kb = 0
+    for p in tree:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                kb += next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            continue
+    return kb / 1024
+
+
+def _request(gw: Gateway, tokens: int, rcvbuf: int) -> socket.socket:
+    """A raw HTTP/1.1 streamed chat request with a small receive buffer; nothing read yet."""
+    u = urlsplit(gw.url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect((u.hostname, u.port))
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                       "max_tokens": tokens}).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    return sock
+
+
+def _aborted(sim_url: str) -> float:
+    return metric_value(http_get(sim_url + "/metrics"), "llmgw_sim_requests_aborted_total")
+
+
+def test_a_client_that_stops_reading_is_cut_and_its_engine_request_cancelled(
+        gateway_factory: Callable[..., Gateway]) -> None:
+    # About 500 tokens a second, minutes for the whole answer: the simulator, served by
+    # granian as well, queues what it writes without bound too, and at full speed (shorter
+    # sleeps round to none) it would have written the whole answer, and finished, leaving no
+    # request to cancel, before the idle timeout.
+    with start_sim("--model", "m", "--output-tokens", str(TOKENS), "--itl-ms", "2") as sim:
+        gw = gateway_factory([f"r1={sim.url}=m"], {"timeouts": {"client_idle": 2}})
+        before = _tree_rss_mb(gw.proc.popen.pid)
+        sock = _request(gw, TOKENS, 16 << 10)
+        try:
+            assert sock.recv(64).startswith(b"HTTP/1.1 200")  # and then nothing more is read
+            t0 = time.monotonic()
+            while _aborted(sim.url) < 1:
+                assert time.monotonic() - t0 < 30, f"the engine's request was never cancelled:\n{gw.proc.output[-2000:]}"
+                time.sleep(0.2)
+            waited = time.monotonic() - t0
+            grew = _tree_rss_mb(gw.proc.popen.pid) - before
+        finally:
+            sock.close()
+        rec = gw.usage(1)[0]
+        print(f"cancelled {waited:.1f} s after the client stopped reading; the gateway grew {grew:.1f} MB; "
+              f"{rec['completion_tokens']} tokens billed")
+        # The client stopped at once; the gateway waited `client_idle` once it was far behind.
+        assert 2 <= waited < 20
+        assert rec["status"] == "client_timeout"
+        # What the gateway took from the engine: about the 256 KiB it let wait for the client
+        # (some 200 bytes a token), not the answer.
+        assert 0 < rec["completion_tokens"] < 5_000
+        # Before: the whole answer (~60 MB here) waited in the gateway for the client.
+        assert grew < 20, f"the gateway grew {grew:.1f} MB for a client that reads nothing"
+        assert gw.metric("llmgw_replica_in_flight", replica="r1") == 0
+
+
+def test_a_client_that_reads_slowly_gets_its_whole_answer(gateway_factory: Callable[..., Gateway]) -> None:
+    tokens = 6_000  # about 1.2 MB: well past the point where streams are watched
+    with start_sim("--model", "m", "--output-tokens", str(tokens)) as sim:
+        gw = gateway_factory([f"r1={sim.url}=m"], {"timeouts": {"client_idle": 1}})
+        sock = _request(gw, tokens, 16 << 10)
+        data = b""
+        try:
+            sock.settimeout(10)
+            # 32 KiB every 50 ms: slower than the engine writes, so the stream has to wait for
+            # the client, but never a second without reading.
+            while not (b"data: [DONE]" in data[-64:] and data.endswith(b"\r\n0\r\n\r\n")):
+                chunk = sock.recv(32 << 10)
+                assert chunk, f"the gateway closed the answer early, after {len(data)} bytes"
+                data += chunk
+                time.sleep(0.05)
+        finally:
+            sock.close()
+        rec = gw.usage(1)[0]
+        assert rec["status"] == "ok" and rec["completion_tokens"] == tokens
+        assert _aborted(sim.url) == 0
