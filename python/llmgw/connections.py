@@ -1,16 +1,18 @@
-"""A served connection's socket, found behind granian's back (Linux, /proc/self/fd).
+"""A served connection, seen behind granian's back (Linux).
 
 RSGI gives an app its connection's two addresses (`scope.server`, `scope.client`) and no
-handle on the socket. The socket is one of the worker's own descriptors, granian's, so it
-can be found by those addresses and then looked at (the gateway's slow-reader watch) or
-broken (the engine simulator's reset fault). It stays granian's: a socket object made
-over it here is always `detach()`ed, never closed.
+handle on the socket. By those addresses the kernel can still be asked about the
+connection (`TcpDiag`: its send queue and how much the peer took, as `ss` shows them; the
+gateway's slow-reader watch), and the socket found among the worker's own descriptors
+(`connections`; the engine simulator's reset fault breaks it). The socket stays
+granian's: a socket object made over it here is always `detach()`ed, never closed.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import struct
 
 Address = tuple[str, int]
 Ends = tuple[Address, Address]
@@ -53,17 +55,6 @@ def ends(sock: socket.socket) -> Ends | None:
     return (_plain(local[0]), local[1]), (_plain(peer[0]), peer[1])
 
 
-def is_connection(fd: int, want: Ends) -> bool:
-    """Whether descriptor `fd` is still the connection `want` (numbers are reused)."""
-    sock = borrow(fd)
-    if sock is None:
-        return False
-    try:
-        return ends(sock) == want
-    finally:
-        sock.detach()
-
-
 def connections(fd_dir: str = FD_DIR) -> dict[Ends, int]:
     """Every TCP connection among the worker's descriptors, by its ends: one look at each
     socket descriptor (a few microseconds each)."""
@@ -87,3 +78,93 @@ def connections(fd_dir: str = FD_DIR) -> dict[Ends, int]:
         finally:
             sock.detach()
     return found
+
+
+class TcpDiag:
+    """Questions about one TCP connection of this network namespace, by its ends, over
+    NETLINK_SOCK_DIAG (what `ss` uses; no privilege needed): one request, no descriptor."""
+
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self._seq = 0
+
+    def queue(self, want: Ends) -> tuple[int, int, int] | None:
+        """(bytes in its send queue, its send buffer, bytes its peer has taken so far) of the
+        established connection `want`; None when there is none (or the kernel cannot say)."""
+        local, peer = want
+        if ":" in local[0]:
+            return self._ask(socket.AF_INET6, want)
+        # An IPv4 client of a dual-stack listener is an IPv6 connection with mapped addresses.
+        return self._ask(socket.AF_INET, want) or self._ask(
+            socket.AF_INET6, (("::ffff:" + local[0], local[1]), ("::ffff:" + peer[0], peer[1])))
+
+    def close(self) -> None:
+        """Closes its netlink socket (a later question opens another)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _ask(self, family: int, want: Ends) -> tuple[int, int, int] | None:
+        (lip, lport), (pip, pport) = want
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG)
+            ips = socket.inet_pton(family, lip).ljust(16, b"\0") + socket.inet_pton(family, pip).ljust(16, b"\0")
+        except OSError:
+            return None
+        # struct inet_diag_req_v2, then its inet_diag_sockid (ports and addresses big-endian;
+        # no cookie: an exact lookup by the four values).
+        req = (struct.pack("=BBBBI", family, socket.IPPROTO_TCP, _WANT, 0, _ESTABLISHED)
+               + struct.pack("!HH", lport, pport) + ips + struct.pack("=III", 0, _NOCOOKIE, _NOCOOKIE))
+        self._seq += 1
+        try:
+            self._sock.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST,
+                                        self._seq, 0) + req)
+            data = self._sock.recv(8192)
+        except OSError:
+            return None
+        return _answer(data, lport, pport)
+
+
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST = 1
+_NLMSG_ERROR = 2
+_NOCOOKIE = 0xFFFFFFFF
+_ESTABLISHED = 1 << 1
+"""idiag_states: TCP_ESTABLISHED only (an exact lookup that misses may find the listener)."""
+_INFO, _SKMEMINFO = 2, 7
+"""The attributes asked for: struct tcp_info, and the socket's memory figures."""
+_WANT = (1 << (_INFO - 1)) | (1 << (_SKMEMINFO - 1))
+_BYTES_ACKED = 120
+"""Offset of `tcpi_bytes_acked` (u64) in struct tcp_info (Linux 4.2 on)."""
+_SNDBUF = 3
+"""Index of SK_MEMINFO_SNDBUF among the memory figures (u32 each)."""
+
+
+def _answer(data: bytes, lport: int, pport: int) -> tuple[int, int, int] | None:
+    """(send queue, send buffer, bytes acked) from a SOCK_DIAG answer: nlmsghdr (16 bytes),
+    struct inet_diag_msg (72: family, state, timer, retrans, the sockid from 4, the queues at
+    56 and 60), then its attributes."""
+    if len(data) < 16 + 72:
+        return None
+    length, kind = struct.unpack_from("=IH", data, 0)
+    state = data[17]
+    sport, dport = struct.unpack_from("!HH", data, 20)
+    if kind == _NLMSG_ERROR or state != 1 or (sport, dport) != (lport, pport):
+        return None  # not found, or something else than this established connection
+    (waiting,) = struct.unpack_from("=I", data, 16 + 60)
+    acked = sndbuf = None
+    at, end = 16 + 72, min(length, len(data))
+    while at + 4 <= end:
+        size, attr = struct.unpack_from("=HH", data, at)
+        if size < 4:
+            break
+        if attr == _INFO and size - 4 >= _BYTES_ACKED + 8:
+            (acked,) = struct.unpack_from("=Q", data, at + 4 + _BYTES_ACKED)
+        elif attr == _SKMEMINFO and size - 4 >= 4 * (_SNDBUF + 1):
+            (sndbuf,) = struct.unpack_from("=I", data, at + 4 + 4 * _SNDBUF)
+        at += (size + 3) & ~3
+    if acked is None or sndbuf is None:
+        return None
+    return waiting, sndbuf, acked

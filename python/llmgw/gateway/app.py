@@ -161,6 +161,8 @@ class Gateway:
             self.control.close()
         if self.deadlines is not None:
             self.deadlines.close()
+        if self.proxy is not None:
+            self.proxy.tcp.close()
 
     def _apply_snapshot(self, snap: Snapshot) -> None:
         """Takes a new snapshot: keys and limits, the replicas placed, the catalog's models."""

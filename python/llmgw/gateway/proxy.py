@@ -18,6 +18,7 @@ import msgspec
 from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
+from llmgw.connections import TcpDiag
 from llmgw.upstream import (
     ConnectFailed,
     ConnectionBroken,
@@ -31,7 +32,7 @@ from llmgw.wire import NULL, KeyEntry
 from .errors import Kind, error_body, sse_error_event, truncate
 from .replicas import Replica, ReplicaSet
 from .retry_budget import RetryBank
-from .slow_reader import BEHIND_LIMIT, WATCH_AFTER, ClientStalled, Sockets, Watch
+from .slow_reader import BEHIND_LIMIT, WATCH_AFTER, ClientStalled, Watch
 from .usage import UsageOpen, UsageSink
 
 log = logging.getLogger("llmgw.gateway")
@@ -165,7 +166,8 @@ class Proxy:
         self.total = total
         self.client_idle = client_idle
         """How long a stream waits for a client that reads nothing (`slow_reader.Watch`)."""
-        self.sockets = Sockets()
+        self.tcp = TcpDiag()
+        """Asks the kernel about a slow reader's connection (one netlink socket a worker)."""
         self.max_response_bytes = max_response_bytes
         self.retry_after = retry_after
         self.loop = replicas.loop
@@ -457,7 +459,7 @@ class Proxy:
         scope = call.scope
         if scope is None or scope.http_version != "1.1":
             return None
-        return Watch(self.sockets, scope.server, scope.client, BEHIND_LIMIT, self.client_idle)
+        return Watch(self.tcp, scope.server, scope.client, BEHIND_LIMIT, self.client_idle)
 
     def _broken(self, r: Replica, e: UpstreamError) -> Failure:
         if isinstance(e, ConnectionBroken):
