@@ -114,3 +114,22 @@ def test_a_client_that_reads_slowly_gets_its_whole_answer(gateway_factory: Calla
         rec = gw.usage(1)[0]
         assert rec["status"] == "ok" and rec["completion_tokens"] == tokens
         assert _aborted(sim.url) == 0
+
+
+def test_waiting_for_a_slow_client_ends_at_the_requests_deadline(gateway_factory: Callable[..., Gateway]) -> None:
+    with start_sim("--model", "m", "--output-tokens", str(TOKENS), "--itl-ms", "2") as sim:
+        gw = gateway_factory([f"r1={sim.url}=m"], {"timeouts": {"client_idle": 30, "total": 6}})
+        sock = _request(gw, TOKENS, 16 << 10)
+        t0 = time.monotonic()
+        try:
+            sock.settimeout(10)
+            # 1 KiB every 0.2 s: it reads, so it is never idle, and the stream waits for it
+            # past 256 KiB behind; the request's own deadline still ends it.
+            while time.monotonic() - t0 < 25 and sock.recv(1024):
+                time.sleep(0.2)
+        finally:
+            sock.close()
+        rec = gw.usage(1)[0]
+        assert rec["status"] == "timeout", rec
+        assert 6 <= rec["duration_ms"] / 1000 < 12
+        assert _aborted(sim.url) == 1

@@ -409,7 +409,7 @@ class Proxy:
                         if watch is None:
                             watch_from = _NEVER  # not a connection of its own (HTTP/2)
                         else:
-                            await watch.check(sent)
+                            await watch.check(sent, deadline)
             tail = tap.finish()
             if tail:
                 if keep is not None:

@@ -22,7 +22,6 @@ is per stream, inside one connection that other streams share.
 from __future__ import annotations
 
 import asyncio
-import time
 
 from llmgw.connections import TcpDiag, address
 
@@ -65,22 +64,25 @@ class Watch:
         # last figure): a queue can stop short of `limit` while its buffer is small.
         return (waiting, acked) if waiting >= min(self.limit, sndbuf // 2) else None
 
-    async def check(self, sent: int) -> None:
+    async def check(self, sent: int, deadline: float) -> None:
         """After `sent` bytes of the answer went to the transport: waits while the client is
-        far behind, and raises ClientStalled once its side has taken nothing for `idle` s."""
+        far behind, and raises ClientStalled once its side has taken nothing for `idle` s.
+        Waits no later than `deadline` (the loop's clock): the request's own deadline, which
+        the relay enforces at its next read."""
         if sent < self._next:
             return
         self._next = sent + CHECK_EVERY
         seen = self._behind()
         if seen is None:
             return
-        acked, moved_at = seen[1], time.monotonic()
-        while True:
+        loop = asyncio.get_running_loop()
+        acked, moved_at = seen[1], loop.time()
+        while loop.time() < deadline:
             await asyncio.sleep(POLL)
             seen = self._behind()
             if seen is None:
                 return
-            now = time.monotonic()
+            now = loop.time()
             if seen[1] != acked:  # the client took more: it reads, however slowly
                 acked, moved_at = seen[1], now
             elif now - moved_at >= self.idle:
