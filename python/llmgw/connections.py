@@ -2,10 +2,11 @@
 
 RSGI gives an app its connection's two addresses (`scope.server`, `scope.client`) and no
 handle on the socket. By those addresses the kernel can still be asked about the
-connection (`TcpDiag`: its send queue and how much the peer took, as `ss` shows them; the
-gateway's slow-reader watch), and the socket found among the worker's own descriptors
-(`connections`; the engine simulator's reset fault breaks it). The socket stays
-granian's: a socket object made over it here is always `detach()`ed, never closed.
+connection (`TcpDiag`, over NETLINK_SOCK_DIAG as `ss` does: its send queue and how much
+the peer took, for the gateway's slow-reader watch), and the socket, one of the worker's
+own descriptors, shut down (`TcpDiag.shutdown`: a cut slow reader, the engine simulator's
+reset fault). The socket stays granian's: a socket object made over it here is always
+`detach()`ed, never closed.
 """
 
 from __future__ import annotations
@@ -55,29 +56,20 @@ def ends(sock: socket.socket) -> Ends | None:
     return (_plain(local[0]), local[1]), (_plain(peer[0]), peer[1])
 
 
-def connections(fd_dir: str = FD_DIR) -> dict[Ends, int]:
-    """Every TCP connection among the worker's descriptors, by its ends: one look at each
-    socket descriptor (tens of microseconds each on a small machine)."""
-    found: dict[Ends, int] = {}
+def _descriptor(inode: int, fd_dir: str = FD_DIR) -> int | None:
+    """This worker's descriptor of socket `inode`: a readlink a descriptor until it is found."""
+    want = f"socket:[{inode}]"
     try:
         names = os.listdir(fd_dir)
     except OSError:
-        return found
+        return None
     for name in names:
         try:
-            if not os.readlink(f"{fd_dir}/{name}").startswith("socket:"):
-                continue
+            if os.readlink(f"{fd_dir}/{name}") == want:
+                return int(name)
         except OSError:  # the descriptor listdir itself used, or one closed meanwhile
             continue
-        sock = borrow(int(name))
-        if sock is None:
-            continue
-        try:
-            if (e := ends(sock)) is not None:
-                found[e] = int(name)
-        finally:
-            sock.detach()
-    return found
+    return None
 
 
 class TcpDiag:
@@ -91,6 +83,28 @@ class TcpDiag:
     def queue(self, want: Ends) -> tuple[int, int, int] | None:
         """(bytes in its send queue, its send buffer, bytes its peer has taken so far) of the
         established connection `want`; None when there is none (or the kernel cannot say)."""
+        seen = self._seen(want)
+        return None if seen is None else seen[:3]
+
+    def shutdown(self, want: Ends) -> bool:
+        """Shuts the established connection `want` down, both ways: its peer sees it end, and
+        granian drops it and what it still held for it. False when it was not found."""
+        seen = self._seen(want)
+        fd = None if seen is None else _descriptor(seen[3])
+        sock = None if fd is None else borrow(fd)
+        if sock is None:
+            return False
+        try:
+            if ends(sock) != want:
+                return False  # gone, and its number taken by another connection meanwhile
+            sock.shutdown(socket.SHUT_RDWR)  # acts on the socket itself, granian's too
+            return True
+        except OSError:
+            return False
+        finally:
+            sock.detach()
+
+    def _seen(self, want: Ends) -> tuple[int, int, int, int] | None:
         local, peer = want
         if ":" in local[0]:
             return self._ask(socket.AF_INET6, want)
@@ -104,7 +118,7 @@ class TcpDiag:
             self._sock.close()
             self._sock = None
 
-    def _ask(self, family: int, want: Ends) -> tuple[int, int, int] | None:
+    def _ask(self, family: int, want: Ends) -> tuple[int, int, int, int] | None:
         (lip, lport), (pip, pport) = want
         try:
             if self._sock is None:
@@ -145,10 +159,11 @@ _SNDBUF = 3
 """Index of SK_MEMINFO_SNDBUF among the memory figures (u32 each)."""
 
 
-def _answer(data: bytes, seq: int, lport: int, pport: int) -> tuple[int, int, int] | None:
-    """(send queue, send buffer, bytes acked) from a SOCK_DIAG answer: nlmsghdr (16 bytes:
-    length, type, flags, sequence), struct inet_diag_msg (72: family, state, timer, retrans,
-    the sockid from 4, the queues at 56 and 60), then its attributes."""
+def _answer(data: bytes, seq: int, lport: int, pport: int) -> tuple[int, int, int, int] | None:
+    """(send queue, send buffer, bytes acked, inode) from a SOCK_DIAG answer: nlmsghdr (16
+    bytes: length, type, flags, sequence), struct inet_diag_msg (72: family, state, timer,
+    retrans, the sockid from 4, the queues at 56 and 60, the inode at 68), then its
+    attributes."""
     if len(data) < 16 + 72:
         return None  # an error (not found), or nothing
     length, kind, _, got = struct.unpack_from("=IHHI", data, 0)
@@ -157,6 +172,7 @@ def _answer(data: bytes, seq: int, lport: int, pport: int) -> tuple[int, int, in
     if kind == _NLMSG_ERROR or got != seq or state != 1 or (sport, dport) != (lport, pport):
         return None  # not this question's answer, or not this established connection
     (waiting,) = struct.unpack_from("=I", data, 16 + 60)
+    (inode,) = struct.unpack_from("=I", data, 16 + 68)
     acked = sndbuf = None
     at, end = 16 + 72, min(length, len(data))
     while at + 4 <= end:
@@ -170,4 +186,4 @@ def _answer(data: bytes, seq: int, lport: int, pport: int) -> tuple[int, int, in
         at += (size + 3) & ~3
     if acked is None or sndbuf is None:
         return None
-    return waiting, sndbuf, acked
+    return waiting, sndbuf, acked, inode

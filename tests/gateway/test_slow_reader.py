@@ -78,6 +78,13 @@ def test_a_client_that_stops_reading_is_cut_and_its_engine_request_cancelled(
                 time.sleep(0.2)
             waited = time.monotonic() - t0
             grew = _tree_rss_mb(gw.proc.popen.pid) - before
+            # Its connection was shut down: what was queued for it, then the end, without
+            # the last chunk of a finished answer.
+            sock.settimeout(10)
+            rest = b""
+            while chunk := sock.recv(1 << 20):
+                rest += chunk
+            assert rest and not rest.endswith(b"0\r\n\r\n")
         finally:
             sock.close()
         rec = gw.usage(1)[0]

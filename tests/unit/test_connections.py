@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from llmgw.connections import TcpDiag, address, connections
+from llmgw.connections import TcpDiag, address
 
 
 def _pair(family: int = socket.AF_INET, host: str = "127.0.0.1") -> tuple[socket.socket, socket.socket]:
@@ -47,7 +47,12 @@ def test_the_kernel_says_how_far_behind_a_peer_that_does_not_read_is() -> None:
         # Another port is not this connection (an exact lookup that misses finds nothing,
         # not the listener); a closed connection is gone.
         assert diag.queue((want[0], (want[1][0], 1))) is None
-        assert connections()[want] == served.fileno()
+        assert not diag.shutdown((want[0], (want[1][0], 1)))
+        # Shut down by its addresses, its peer sees the end of what was queued.
+        assert diag.shutdown(want)
+        client.settimeout(5)
+        while client.recv(1 << 20):
+            pass
     finally:
         client.close()
         served.close()
@@ -64,9 +69,13 @@ def test_an_ipv4_client_of_a_dual_stack_listener_is_found_by_its_plain_addresses
         assert local[0] == "::ffff:127.0.0.1"
         plain = (("127.0.0.1", local[1]), ("127.0.0.1", peer[1]))
         diag = TcpDiag()
-        assert diag.queue(plain) is not None
-        diag.close()
-        assert connections()[plain] == served.fileno()
+        try:
+            assert diag.queue(plain) is not None
+            assert diag.shutdown(plain)
+            client.settimeout(5)
+            assert client.recv(1) == b""
+        finally:
+            diag.close()
     finally:
         client.close()
         served.close()

@@ -427,11 +427,14 @@ class Proxy:
             call.status = "cancelled"
             return
         except ClientStalled as e:
-            # Nothing more is sent: the client has not read what it was sent already.
+            # Nothing more is sent, and what waits for the client goes with its connection:
+            # it sees the answer end without its last chunk, as after any broken stream.
             ex.cancel(str(e))
             self._stream_usage(call, tap)
             call.status = "client_timeout"
-            log.warning("request %s: %s; its request to replica %s is cancelled", call.rid, e, r.id)
+            closed = e.ends is not None and self.tcp.shutdown(e.ends)
+            log.warning("request %s: %s; its request to replica %s is cancelled%s", call.rid, e, r.id,
+                        " and its connection closed" if closed else "")
             return
         except UpstreamError as e:
             ex.close()

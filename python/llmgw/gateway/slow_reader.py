@@ -11,19 +11,21 @@ its connection every `CHECK_EVERY` bytes (`llmgw.connections.TcpDiag`, by the sc
 addresses; HTTP/1.1 only, where a connection carries one answer at a time). Past `limit`
 bytes waiting (or half the send buffer, when that is less) it stops reading from the
 replica and waits for the queue to shrink. If the client's side takes no byte for `idle`
-seconds meanwhile (its receive window stays shut), the stream is ended: `ClientStalled`,
-and the relay cancels the engine's request and bills the tokens produced.
+seconds meanwhile (its receive window stays shut), the stream is ended: `ClientStalled`;
+the relay cancels the engine's request, bills the tokens produced, and shuts the
+connection down, which frees what granian and the kernel still held for it.
 
 What the gateway holds for a stalled client is then about `limit`, plus what the kernel
-buffers, instead of the whole answer. HTTP/2 streams are not watched: their flow control
-is per stream, inside one connection that other streams share.
+buffers, instead of the whole answer, and only until the idle timeout. HTTP/2 streams are
+not watched: their flow control is per stream, inside one connection that other streams
+share.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from llmgw.connections import TcpDiag, address
+from llmgw.connections import Ends, TcpDiag, address
 
 WATCH_AFTER = 256 << 10
 """Bytes a stream sends before its connection is watched: short answers never pay for it."""
@@ -37,6 +39,11 @@ POLL = 0.05
 
 class ClientStalled(Exception):
     """The client read nothing of its answer for the idle timeout."""
+
+    def __init__(self, message: str, ends: Ends | None) -> None:
+        super().__init__(message)
+        self.ends = ends
+        """Its connection's (local, peer) addresses."""
 
 
 class Watch:
@@ -87,4 +94,4 @@ class Watch:
                 acked, moved_at = seen[1], now
             elif now - moved_at >= self.idle:
                 raise ClientStalled(f"the client read nothing of its streamed answer for {self.idle:g}s "
-                                    f"with {seen[0]} bytes waiting for it")
+                                    f"with {seen[0]} bytes waiting for it", self._ends)

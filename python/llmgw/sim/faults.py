@@ -5,12 +5,11 @@ Several faults may be combined with commas, e.g. `slow=20,reset-after=3`.
 
 from __future__ import annotations
 
-import socket
 from functools import lru_cache
 
 import msgspec
 
-from llmgw.connections import address, borrow, connections
+from llmgw.connections import TcpDiag, address
 
 HEADER = "x-sim-fault"
 
@@ -92,21 +91,16 @@ def reset_connection(client: str, server: str) -> bool:
     """Break the TCP connection of one request, behind granian's back.
 
     RSGI has no way to abort a response: an exception raised after
-    `response_stream` still ends the chunked body cleanly. So find the
-    accepted socket in this worker's fd table by its (local, peer) addresses
-    (`llmgw.connections`) and `shutdown()` it; the peer then sees EOF mid-body
-    (no terminating chunk), or EOF before any status line if no response was
-    started. Linux only (/proc/self/fd). Returns False if the socket was not found.
+    `response_stream` still ends the chunked body cleanly. So the connection is
+    shut down by its (local, peer) addresses (`llmgw.connections`); the peer then
+    sees EOF mid-body (no terminating chunk), or EOF before any status line if no
+    response was started. Linux only. Returns False if it was not found.
     """
     local, peer = address(server), address(client)
-    fd = connections().get((local, peer)) if local is not None and peer is not None else None
-    sock = None if fd is None else borrow(fd)
-    if sock is None:
+    if local is None or peer is None:
         return False
+    diag = TcpDiag()
     try:
-        sock.shutdown(socket.SHUT_RDWR)  # acts on the socket itself, granian's too
-        return True
-    except OSError:
-        return False
+        return diag.shutdown((local, peer))
     finally:
-        sock.detach()
+        diag.close()
