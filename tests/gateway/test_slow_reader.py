@@ -6,11 +6,12 @@ reads, gets its whole answer."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
+
+from bench.procs import group_pids, rss_bytes
 
 from .conftest import Gateway, http_get, metric_value, start_sim
 
@@ -19,28 +20,8 @@ TOKENS = 300_000
 
 
 def _tree_rss_mb(pid: int) -> float:
-    """Resident memory of `pid` and every process below it (granian's worker), in MB."""
-    parents: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    tree, grew = {pid}, True
-    while grew:
-        more = {p for p, pp in parents.items() if pp in tree} - tree
-        tree |= more
-        grew = bool(more)
-    kb = 0
-    for p in tree:
-        try:
-            with open(f"/proc/{p}/status") as f:
-                kb += next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
-        except (OSError, StopIteration):
-            continue
-    return kb / 1024
+    """Resident memory of the process group `pid` leads (the gateway and granian's worker), in MB."""
+    return rss_bytes(group_pids(pid)) / (1 << 20)
 
 
 def _request(gw: Gateway, tokens: int, rcvbuf: int) -> socket.socket:

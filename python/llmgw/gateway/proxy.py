@@ -32,7 +32,7 @@ from llmgw.wire import NULL, KeyEntry
 from .errors import Kind, error_body, sse_error_event, truncate
 from .replicas import Replica, ReplicaSet
 from .retry_budget import RetryBank
-from .slow_reader import BEHIND_LIMIT, WATCH_AFTER, ClientStalled, Watch
+from .slow_reader import BEHIND_LIMIT, NEVER, WATCH_AFTER, ClientStalled, Watch
 from .usage import UsageOpen, UsageSink
 
 log = logging.getLogger("llmgw.gateway")
@@ -47,8 +47,6 @@ log = logging.getLogger("llmgw.gateway")
 DISCONNECT_WATCH_DELAY = 0.1
 
 JSON = "application/json"
-_NEVER = 1 << 62
-"""More bytes than any answer: a stream that is never watched."""
 
 
 class Failure(Exception):
@@ -407,7 +405,7 @@ class Proxy:
                         # A long answer: from here on, no faster than the client reads it.
                         watch = watch or self._watch_reader(call)
                         if watch is None:
-                            watch_from = _NEVER  # not a connection of its own (HTTP/2)
+                            watch_from = NEVER  # not a connection of its own (HTTP/2)
                         else:
                             await watch.check(sent, deadline)
             tail = tap.finish()

@@ -33,6 +33,8 @@ BEHIND_LIMIT = 256 << 10
 """Bytes a client may leave unread in its connection's send queue before the stream waits."""
 CHECK_EVERY = 16 << 10
 """Bytes sent between two looks at the connection's send queue."""
+NEVER = 1 << 62
+"""More bytes than any answer: where a stream that is never watched would be checked."""
 POLL = 0.05
 """Seconds between two looks while the relay waits for the queue to shrink."""
 
@@ -58,7 +60,7 @@ class Watch:
         self._diag = diag
         self.limit = limit
         self.idle = idle
-        self._next = 0 if self._ends is not None else 1 << 62  # no addresses: never watched
+        self._next = 0 if self._ends is not None else NEVER  # no addresses: never watched
 
     def _behind(self) -> tuple[int, int] | None:
         """(bytes waiting, bytes the client's side took) while the client is far behind."""
