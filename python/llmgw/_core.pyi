@@ -21,6 +21,7 @@ __all__ = [
     "inspect_json",
     "patch_request",
     "scan_usage",
+    "silent_connections",
     "take",
 ]
 
@@ -182,6 +183,12 @@ def patch_request(body: bytes, model: str | None, include_usage: bool) -> bytes:
     `"model"` (when `model` is given) and `stream_options.include_usage: true`
     (when `include_usage`), splicing only those values. Raises ValueError when the
     body is not a JSON object."""
+
+def silent_connections(answer: bytes, seq: int, port: int) -> tuple[list[tuple[int, tuple[tuple[str, int], tuple[str, int]]]], bool]:
+    """The established connections of local `port` whose peer has sent no byte yet, in
+    `answer` (one part of the answer to sock_diag dump `seq`): (inode, ((local ip, port), (peer ip, port)))
+    each, an IPv4-mapped address read as IPv4; and whether the dump goes on (False: its end,
+    an error, or another dump's message)."""
 
 @final
 class KeyIndex:

@@ -5,6 +5,7 @@ pub mod keys;
 pub mod kv;
 pub mod request;
 pub mod router;
+pub mod sockdiag;
 pub mod stream;
 pub mod tokenize;
 pub mod usage;

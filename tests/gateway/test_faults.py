@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import openai
 import pytest
+from bench.procs import group_pids
 
 from tests.procs import Proc
 
@@ -226,6 +228,63 @@ def test_slowloris_is_cut_at_the_header_deadline(gateway_factory: Callable[..., 
     assert got == b"" or got.startswith(b"HTTP/1.1 408")
     # Other clients were served all along.
     assert client(gw).models.list().data
+
+
+def _open_files(pid: int) -> int:
+    return sum(len(os.listdir(f"/proc/{p}/fd")) for p in group_pids(pid))
+
+
+def test_connections_that_send_nothing_are_closed_at_the_header_deadline(
+        gateway_factory: Callable[..., Gateway]) -> None:
+    # granian's header deadline starts at the first byte, and it serves at most 2048
+    # connections a worker: a client that opened more and sent nothing kept the gateway from
+    # answering anyone, its health check included, for as long as it liked.
+    import resource
+    import socket
+    import threading
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 4096 <= hard or hard == resource.RLIM_INFINITY:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, hard))  # the gateway inherits it too
+    with start_sim("--model", "sim-model", "--ttft-ms", "2500") as slow:
+        gw = gateway_factory([f"r1={slow.url}=sim-model"], {"timeouts": {"client_headers": 1}})
+        u = urlsplit(gw.url)
+        assert u.hostname is not None and u.port is not None
+        http_get(gw.url + "/health")
+        before = _open_files(gw.proc.popen.pid)
+        # A request whose answer is 2.5 s away: connected and silent since it was sent, past
+        # the deadline, and never cut.
+        answers: list[str | None] = []
+        waiting = threading.Thread(target=lambda: answers.append(client(gw).chat.completions.create(
+            model="sim-model", messages=[{"role": "user", "content": "hi"}]).choices[0].message.content))
+        waiting.start()
+        time.sleep(0.3)
+        flood = [socket.create_connection((u.hostname, u.port), timeout=10) for _ in range(2100)]
+        t0 = time.monotonic()
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        conn.request("GET", "/health")
+        status = conn.getresponse().status
+        answered = time.monotonic() - t0
+        conn.close()
+        assert status == 200 and answered < 6, f"health answered {status} after {answered:.1f}s"
+        ended = 0
+        for s in flood:
+            s.settimeout(max(t0 + 8 - time.monotonic(), 0.1))
+            try:
+                ended += s.recv(1) == b""
+            except ConnectionResetError:
+                ended += 1
+            except TimeoutError:
+                pass
+            s.close()
+        assert ended == len(flood), f"{len(flood) - ended} silent connections still open 8 s on"
+        waiting.join(10)
+        assert answers and answers[0], "the request waiting for its answer was cut"
+        assert gw.metric("llmgw_client_connections_closed_total", reason="silent") == len(flood)
+        deadline = time.monotonic() + 5
+        while (now := _open_files(gw.proc.popen.pid)) > before + 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert now <= before + 5, f"{now - before} more descriptors than before the flood"
 
 
 @pytest.mark.parametrize("framing", [b"Content-Length: 100\r\n", b"Transfer-Encoding: chunked\r\n"])

@@ -80,6 +80,7 @@ def test_a_client_that_stops_reading_is_cut_and_its_engine_request_cancelled(
         # Before: the whole answer (~60 MB here) waited in the gateway for the client.
         assert grew < 20, f"the gateway grew {grew:.1f} MB for a client that reads nothing"
         assert gw.metric("llmgw_replica_in_flight", replica="r1") == 0
+        assert gw.metric("llmgw_client_connections_closed_total", reason="stalled") == 1
 
 
 def test_a_client_that_reads_slowly_gets_its_whole_answer(gateway_factory: Callable[..., Gateway]) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -21,6 +22,7 @@ from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
 from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
+from llmgw.connections import listener_families
 from llmgw.deadlines import Deadlines
 from llmgw.serving import read_body, settle_worker_heap
 from llmgw.wire import Limits, Snapshot
@@ -38,6 +40,7 @@ from .metrics import Metrics
 from .proxy import Call, Proxy
 from .replicas import ReplicaSet
 from .retry_budget import RetryBank
+from .silent import SilentSweep
 from .usage import UsageSink
 from .wake import Waker
 
@@ -86,6 +89,7 @@ class Gateway:
         self.limiter: Limiter | None = None
         self.control: ControlClient | None = None
         self.waker: Waker | None = None
+        self.silent: SilentSweep | None = None
         self._tasks: list[asyncio.Task[None]] = []
         if cp is not None:
             self.creds = load_credentials(cp)
@@ -123,6 +127,12 @@ class Gateway:
             self.kv_events.start()
         self.metrics = Metrics(self._replica_snapshot, self.replicas.router.decisions)
         self.metrics.kv_stats = None if self.kv_index is None else self.kv_index.stats
+        if sys.platform == "linux" and self.cfg.port:
+            metrics = self.metrics
+            self.silent = SilentSweep(self.cfg.port, self.cfg.timeouts.client_headers,
+                                      lambda n: metrics.connections_closed("silent", n),
+                                      listener_families(self.cfg.host))
+            self.silent.start()
         self.replicas._on_ejection = self.metrics.ejection
         t = self.cfg.timeouts
         self.proxy = Proxy(
@@ -147,6 +157,8 @@ class Gateway:
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         for t in self._tasks:
             t.cancel()
+        if self.silent is not None:
+            self.silent.stop()
         if self.waker is not None:
             self.waker.close()
         if self.limiter is not None:

@@ -54,6 +54,9 @@ TABLE: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "llmgw_replica_ejections_total": (Counter, "Passive ejections of a replica after a connect error or 5xx.", ("replica",)),
     "llmgw_scale_from_zero_waits_total": (Counter, ("Requests held for a model with no replica, by how "
                                           "the wait ended (ready, timeout, gone, refused)."), ("model", "outcome")),
+    "llmgw_client_connections_closed_total": (Counter, ("Client connections the gateway closed, by why: silent (no "
+                                              "byte within timeouts.client_headers of connecting), stalled (a "
+                                              "streamed answer unread for timeouts.client_idle)."), ("reason",)),
 }
 
 
@@ -120,6 +123,7 @@ class Metrics:
         self._ejections = made["llmgw_replica_ejections_total"]
         self._retries_refused = made["llmgw_upstream_retries_refused_total"]
         self._waits = made["llmgw_scale_from_zero_waits_total"]
+        self._closed = made["llmgw_client_connections_closed_total"]
         self._children: dict[tuple[str, ...], object] = {}
         self._per_request: dict[tuple[str, str], tuple[Counter | Histogram, ...]] = {}
         """(model, status) -> the five children `request` updates."""
@@ -208,6 +212,10 @@ class Metrics:
     def woken(self, model: str, outcome: str) -> None:
         """Counts one request that waited for a replica of its model."""
         self._child(self._waits, model, outcome).inc()  # type: ignore[union-attr]
+
+    def connections_closed(self, reason: str, n: int = 1) -> None:
+        """Counts client connections the gateway closed (`reason`: silent or stalled); any thread."""
+        self._child(self._closed, reason).inc(n)  # type: ignore[union-attr]
 
     def render(self) -> bytes:
         """The Prometheus text exposition.

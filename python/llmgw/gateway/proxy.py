@@ -431,6 +431,8 @@ class Proxy:
             self._stream_usage(call, tap)
             call.status = "client_timeout"
             closed = e.ends is not None and self.tcp.shutdown(e.ends)
+            if closed:
+                self.metrics.connections_closed("stalled")
             log.warning("request %s: %s; its request to replica %s is cancelled%s", call.rid, e, r.id,
                         " and its connection closed" if closed else "")
             return

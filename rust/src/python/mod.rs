@@ -16,6 +16,7 @@ mod tokenize;
 mod usage;
 
 use crate::request;
+use crate::sockdiag;
 use crate::stream::{self, Rename};
 
 /// Turns an optional (from, to) pair into a rename; one without the other is a mistake.
@@ -209,6 +210,25 @@ fn patch_request<'py>(
     }
 }
 
+/// One connection's two ends, as `llmgw.connections` names them: ((ip, port), (ip, port)).
+type Ends = ((String, u16), (String, u16));
+
+/// The established connections of local `port` whose peer has sent no byte yet, in `answer`
+/// (one part of the answer to `sock_diag` dump `seq`; see `crate::sockdiag`): (inode, (local, peer)) each,
+/// and whether the dump goes on (False: its end, an error, or another dump's message).
+/// Read with the interpreter released.
+#[pyfunction]
+fn silent_connections(py: Python<'_>, answer: &Bound<'_, PyBytes>, seq: u32, port: u16) -> (Vec<(u32, Ends)>, bool) {
+    let bytes = answer.as_bytes();
+    let mut found = Vec::new();
+    let more = py.detach(|| sockdiag::silent(bytes, seq, port, &mut found));
+    let named = found
+        .into_iter()
+        .map(|s| (s.inode, ((s.local.0.to_string(), s.local.1), (s.peer.0.to_string(), s.peer.1))))
+        .collect();
+    (named, more)
+}
+
 /// The `llmgw._core` module.
 #[pymodule]
 #[pyo3(name = "_core")]
@@ -228,6 +248,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tokenize::ModelTokenizer>()?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(patch_request, m)?)?;
+    m.add_function(wrap_pyfunction!(silent_connections, m)?)?;
     m.add_function(wrap_pyfunction!(limits::admit, m)?)?;
     m.add_function(wrap_pyfunction!(limits::take, m)?)?;
     Ok(())
