@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from inline_snapshot import snapshot
 
 from llmgw.admin.matching import split
 from llmgw.admin.table import ROUTES
-from tests.admin.server import Server, start_server
+from tests.admin.server import Server, scrape, start_server
 from tests.store.conftest import drop_pg_database, fresh_pg_database
 
 
@@ -146,6 +148,25 @@ def test_the_control_plane_never_preempts_a_gateway(server: Server, tmp_path: Pa
     srv = start_server(other, config={"control_plane": {"cpu_scheduling": "normal"}})
     with srv.proc:
         assert _policies(srv.proc.popen.pid) == {os.SCHED_OTHER}
+
+
+def test_connections_that_send_nothing_are_closed_at_the_header_timeout(tmp_path: Path) -> None:
+    # The admin listener is where gateways post usage and take leases: a client holding
+    # granian's places with connections that send nothing would cut them all off.
+    srv = start_server(tmp_path, config={"control_plane": {"admin_header_timeout": "1s"}})
+    with srv.proc:
+        host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+        silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(20)]
+        t0 = time.monotonic()
+        for s in silent:
+            s.settimeout(max(t0 + 6 - time.monotonic(), 0.1))
+            assert s.recv(1) == b"", "a connection that sent nothing was answered"
+            s.close()
+        waited = time.monotonic() - t0
+        assert 0.9 < waited < 6, f"silent connections closed after {waited:.1f}s"
+        assert scrape(srv)["llmgw_admin_connections_closed_total"] == 20
+        status, _, _ = srv.call("GET", "/api/v1/orgs")  # served throughout
+        assert status == 200
 
 
 def test_sigterm_stops_cleanly(server: Server) -> None:

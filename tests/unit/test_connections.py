@@ -8,7 +8,7 @@ import sys
 import time
 
 from llmgw.connections import TcpDiag, address, descriptors, listener_families, shutdown_silent
-from llmgw.gateway.silent import SilentSweep
+from llmgw.silent import SilentSweep
 
 
 def _pair(family: int = socket.AF_INET, host: str = "127.0.0.1") -> tuple[socket.socket, socket.socket]:

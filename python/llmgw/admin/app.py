@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,9 +26,11 @@ from urllib.parse import parse_qsl
 import msgspec
 
 from llmgw import datadir
+from llmgw.connections import listener_families
 from llmgw.control.metrics import ROUTE_FORWARDED, ROUTE_UNMATCHED
 from llmgw.control.server import token_digest
 from llmgw.serving import read_body
+from llmgw.silent import SilentSweep
 from llmgw.store.db import Conflict, StoreError
 
 from .answers import CSV, JSON, csv_body, error_json, json_body, truncate
@@ -83,12 +86,23 @@ class AdminApp:
         self.router = Router(control.routes)
         self._rid_prefix = os.urandom(5).hex()
         self._rid_next = 0
+        self._silent: SilentSweep | None = None
 
     # -- RSGI hooks ---------------------------------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(self.control.start())
+        config = self.control.config
+        if sys.platform == "linux" and config.port:
+            # Connections that send nothing would hold granian's places until they leave: a
+            # flood of them would cut every gateway off its usage posts and leases.
+            metrics = self.control.metrics
+            self._silent = SilentSweep(config.port, config.settings.admin_header_timeout, metrics.connections_closed,
+                                       listener_families(config.host))
+            self._silent.start()
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._silent is not None:
+            self._silent.stop()
         loop.run_until_complete(self.control.stop())
 
     async def __rsgi__(self, scope: Any, protocol: Any) -> None:

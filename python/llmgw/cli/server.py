@@ -152,7 +152,9 @@ def _check_free(host: str, port: int, setting: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Prepares the data dir and store, then serves until SIGTERM/SIGINT."""
 
-    from llmgw.control.settings import CONFIG_ENV
+    from granian.http import HTTP1Settings
+
+    from llmgw.control.settings import CONFIG_ENV, decode_config
     from llmgw.store import StoreError
 
     # Everything this process creates (the SQLite store, its WAL) holds key hashes
@@ -166,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
     os.environ[CONFIG_ENV] = encoded
     # Exactly one worker: the control plane's state (snapshots, leases) lives in it.
     serve_app("llmgw.control.server:create_app", args.host, args.port,
-              f"llmgw control plane listening on http://{args.host}:{args.port}")
+              f"llmgw control plane listening on http://{args.host}:{args.port}",
+              http1_settings=HTTP1Settings(
+                  header_read_timeout=int(decode_config(encoded).settings.admin_header_timeout * 1000)))
     if lock is not None:
         lock.close()
     return 0

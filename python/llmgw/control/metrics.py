@@ -80,6 +80,9 @@ class ControlMetrics:
         self.usage_settled = Counter(
             "llmgw_usage_settled", "Requests left open by a gateway that went silent, counted "
             "as interrupted.", registry=reg)
+        self.closed = Counter(
+            "llmgw_admin_connections_closed", "Connections to the admin listener closed because "
+            "they sent nothing within its header deadline of connecting.", registry=reg)
         self.last_post = 0.0
         """When the last usage post was stored (unix seconds; 0 before the first)."""
         self._gateways: dict[str, float] = {}
@@ -117,6 +120,10 @@ class ControlMetrics:
     def settled(self, n: int) -> None:
         """Open requests of silent gateways settled as interrupted."""
         self.usage_settled.inc(n)
+
+    def connections_closed(self, n: int) -> None:
+        """Silent connections the admin listener closed (the sweep's thread)."""
+        self.closed.inc(n)
 
     def gateways_sending(self) -> int:
         """Gateways that posted usage in the last `ACTIVE_FOR` seconds (older ones forgotten)."""

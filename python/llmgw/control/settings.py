@@ -35,6 +35,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     gateway_silent_for: float = 10.0
     """A gateway worker not heard from for this long is gone: its open requests are settled
     as `interrupted`. Gateways send a batch (empty when idle) every fraction of a second."""
+    admin_header_timeout: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0
+    """Seconds a client of the admin listener has to send its request headers: from its first
+    byte (granian), or from the connect for one that sends nothing (`llmgw/silent.py`). An
+    idle keep-alive connection is closed after as long; a gateway posts usage and calls for
+    leases several times a second, and its snapshot poll is a request in flight."""
     cpu_scheduling: Literal["batch", "normal"] = "batch"
     """How Linux schedules the control plane's threads. `batch` (SCHED_BATCH): its fair share
     of CPU, but waking up (a usage batch, a lease call) never preempts another process, so
@@ -159,7 +164,7 @@ def load_settings(path: str | None) -> Settings:
         raise ConfigError(f"{where} is invalid: {e}") from e
 
 
-_DURATIONS = ("max_key_ttl", "request_retention", "gateway_silent_for", "reconcile_every",
+_DURATIONS = ("max_key_ttl", "request_retention", "gateway_silent_for", "admin_header_timeout", "reconcile_every",
               "unreachable_after", "lost_after", "heartbeat_interval", "failure_window",
               "restart_backoff_initial", "restart_backoff_max", "drain_timeout",
               "replica_retention", "leader_lease_ttl")

@@ -25,6 +25,7 @@ from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
 from llmgw.connections import listener_families
 from llmgw.deadlines import Deadlines
 from llmgw.serving import read_body, settle_worker_heap
+from llmgw.silent import SilentSweep
 from llmgw.wire import Limits, Snapshot
 
 from . import body as reqbody
@@ -40,7 +41,6 @@ from .metrics import Metrics
 from .proxy import Call, Proxy
 from .replicas import ReplicaSet
 from .retry_budget import RetryBank
-from .silent import SilentSweep
 from .usage import UsageSink
 from .wake import Waker
 

@@ -1,8 +1,8 @@
-"""Connections that send nothing are closed at the header deadline (RELIABILITY A, connection flood).
+"""Connections that send nothing are closed at a listener's header deadline (RELIABILITY A, connection flood).
 
-granian's header deadline (`timeouts.client_headers`) starts at a connection's first byte.
-A client that connects and sends nothing therefore holds a descriptor and one of the
-worker's places until it leaves: granian serves at most `backpressure` connections a worker
+granian's header deadline (the gateway's `timeouts.client_headers`, the admin listener's
+`admin_header_timeout`) starts at a connection's first byte. A client that connects and
+sends nothing therefore holds a descriptor and one of the worker's places until it leaves: granian serves at most `backpressure` connections a worker
 (the backlog, 2048, over the workers), and 2,100 silent connections from one client stopped
 a gateway from answering anything, its health check included (measured). nginx's
 `client_header_timeout` counts from the accept for this reason.
