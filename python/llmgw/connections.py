@@ -163,7 +163,6 @@ class TcpDiag:
             self._dump(family, port, found)
         return found
 
-
     def _dump(self, family: int, port: int, found: dict[int, Ends]) -> None:
         sock = self._socket()
         if sock is None:
@@ -199,7 +198,7 @@ class TcpDiag:
             except OSError:
                 return None
             # The kernel answers within the send (a dump within each recv), so the answer is
-            # there to read at once: never wait for it (this runs on the event loop).
+            # there to read at once: never wait for it (a watch runs on the event loop).
             self._sock.setblocking(False)
         return self._sock
 
@@ -285,4 +284,3 @@ def _answer(data: bytes, seq: int, lport: int, pport: int) -> tuple[int, int, in
     if acked is None or sndbuf is None:
         return None
     return waiting, sndbuf, acked, inode
-

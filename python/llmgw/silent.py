@@ -2,9 +2,10 @@
 
 granian's header deadline (the gateway's `timeouts.client_headers`, the admin listener's
 `admin_header_timeout`) starts at a connection's first byte. A client that connects and
-sends nothing therefore holds a descriptor and one of the worker's places until it leaves: granian serves at most `backpressure` connections a worker
-(the backlog, 2048, over the workers), and 2,100 silent connections from one client stopped
-a gateway from answering anything, its health check included (measured). nginx's
+sends nothing therefore holds a descriptor and one of the worker's places until it leaves.
+granian serves at most `backpressure` connections at once (by default its backlog, 2,048,
+divided among the workers), and 2,100 silent connections from one client stopped a gateway
+from answering anything, its health check included (measured). nginx's
 `client_header_timeout` counts from the accept for this reason.
 
 `SilentSweep` asks the kernel, every quarter of the deadline (at most 2 s), which of the
@@ -26,7 +27,7 @@ from collections.abc import Callable
 
 from llmgw.connections import Ends, TcpDiag, descriptors, shutdown_silent
 
-log = logging.getLogger("llmgw.gateway")
+log = logging.getLogger("llmgw.silent")
 
 MAX_INTERVAL = 2.0
 """Seconds between sweeps at most: a silent connection is closed within `after` + twice this."""
