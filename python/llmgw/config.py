@@ -170,6 +170,11 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
     workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 1
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 10_000
+    """Client connections served at once, across the workers; more wait in the kernel's accept
+    queue. A streamed answer holds its connection for as long as it runs. Each is a descriptor:
+    the gateway raises its descriptor limit to the most it may (`ulimit -Hn`) and says so when
+    that is still too few."""
     max_body_bytes: Annotated[int, msgspec.Meta(gt=0)] = 16 * 1024 * 1024
     max_response_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 * 1024 * 1024
     """Largest non-streamed upstream answer read before giving up with 502."""

@@ -3,9 +3,9 @@
 granian's header deadline (the gateway's `timeouts.client_headers`, the admin listener's
 `admin_header_timeout`) starts at a connection's first byte. A client that connects and
 sends nothing therefore holds a descriptor and one of the worker's places until it leaves.
-granian serves at most `backpressure` connections at once (by default its backlog, 2,048,
-divided among the workers), and 2,100 silent connections from one client stopped a gateway
-from answering anything, its health check included (measured). nginx's
+granian serves a bounded number of connections at once (its backpressure: the gateway's
+`max_connections`, 2,048 before that was a setting), and 2,100 silent connections from one
+client stopped a gateway from answering anything, its health check included (measured). nginx's
 `client_header_timeout` counts from the accept for this reason.
 
 `SilentSweep` asks the kernel, every quarter of the deadline (at most 2 s), which of the

@@ -236,18 +236,15 @@ def _open_files(pid: int) -> int:
 
 def test_connections_that_send_nothing_are_closed_at_the_header_deadline(
         gateway_factory: Callable[..., Gateway]) -> None:
-    # granian's header deadline starts at the first byte, and it serves at most 2048
-    # connections a worker: a client that opened more and sent nothing kept the gateway from
-    # answering anyone, its health check included, for as long as it liked.
-    import resource
+    # granian's header deadline starts at the first byte, and it serves `max_connections` at
+    # once: a client that opened more and sent nothing kept the gateway from answering
+    # anyone, its health check included, for as long as it liked.
     import socket
     import threading
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < 4096 and (hard == resource.RLIM_INFINITY or hard >= 4096):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, hard))  # the gateway inherits it too
     with start_sim("--model", "sim-model", "--ttft-ms", "2500") as slow:
-        gw = gateway_factory([f"r1={slow.url}=sim-model"], {"timeouts": {"client_headers": 1}})
+        gw = gateway_factory([f"r1={slow.url}=sim-model"],
+                             {"timeouts": {"client_headers": 1}, "max_connections": 200})
         u = urlsplit(gw.url)
         assert u.hostname is not None and u.port is not None
         http_get(gw.url + "/health")
@@ -259,7 +256,7 @@ def test_connections_that_send_nothing_are_closed_at_the_header_deadline(
             model="sim-model", messages=[{"role": "user", "content": "hi"}]).choices[0].message.content))
         waiting.start()
         time.sleep(0.3)
-        flood = [socket.create_connection((u.hostname, u.port), timeout=10) for _ in range(2100)]
+        flood = [socket.create_connection((u.hostname, u.port), timeout=10) for _ in range(250)]
         t0 = time.monotonic()
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
         conn.request("GET", "/health")
@@ -285,6 +282,37 @@ def test_connections_that_send_nothing_are_closed_at_the_header_deadline(
         while (now := _open_files(gw.proc.popen.pid)) > before + 5 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert now <= before + 5, f"{now - before} more descriptors than before the flood"
+
+
+def test_max_connections_bounds_the_connections_served_at_once(gateway_factory: Callable[..., Gateway]) -> None:
+    import socket
+
+    body = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    with start_sim("--model", "sim-model", "--ttft-ms", "1500") as slow:
+        gw = gateway_factory([f"r1={slow.url}=sim-model"], {"max_connections": 4})
+        u = urlsplit(gw.url)
+        assert u.hostname is not None and u.port is not None
+        # Four requests 1.5 s from their answers fill the places: a fifth connection waits in
+        # the kernel's queue until one of them ends.
+        busy = [socket.create_connection((u.hostname, u.port), timeout=10) for _ in range(4)]
+        for s in busy:
+            s.sendall(request)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert http_get(gw.url + "/health")
+        waited = time.monotonic() - t0
+        for s in busy:
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+            s.close()
+            assert got.startswith(b"HTTP/1.1 200"), got[:200]
+        assert 0.8 < waited < 5, f"the fifth connection was served after {waited:.2f}s"
+        t0 = time.monotonic()
+        assert http_get(gw.url + "/health")
+        assert time.monotonic() - t0 < 0.5  # places free again
 
 
 @pytest.mark.parametrize("framing", [b"Content-Length: 100\r\n", b"Transfer-Encoding: chunked\r\n"])

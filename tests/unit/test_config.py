@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,20 @@ def test_several_control_planes_as_a_list_or_with_commas(tmp_path: Path) -> None
         load_server_file(p)
     assert str(e.value) == (f"configuration file {p} is invalid: control_plane.url is 'ftp://x'; "
                             "expected http://HOST:PORT - at `$.gateway.control_plane`")
+
+
+def test_the_gateway_raises_its_descriptor_limit_or_says_how(tmp_path: Path) -> None:
+    # In a child whose hard limit is 2,048, as a container's or a service's may be.
+    script = tmp_path / "limit.py"
+    script.write_text(
+        "import resource\n"
+        "from llmgw.cli.gateway import raise_descriptor_limit\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (512, 2048))\n"
+        "print(repr(raise_descriptor_limit(1500)), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "print(repr(raise_descriptor_limit(11024)), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
+    enough, short = out.splitlines()
+    assert enough == "None 1500"  # raised to what it needs, within the hard limit
+    assert short.endswith(" 2048")  # raised as far as it may
+    assert "may open 2048 descriptors" in short and "max_connections" in short and "ulimit -n" in short

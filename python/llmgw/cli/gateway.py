@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -84,11 +85,38 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
     return cfg
 
 
+DESCRIPTORS_OF_ITS_OWN = 1024
+"""Descriptors a gateway needs besides its clients': its connections to the replicas, the
+control plane and KV events, the metrics files, its own."""
+
+
+def raise_descriptor_limit(needed: int) -> str | None:
+    """Raises this process's soft descriptor limit (its workers inherit it) as far as the hard
+    limit allows, towards `needed`; what to do when it stays below, or None."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (OSError, ValueError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        return (f"this process may open {soft} descriptors, fewer than gateway.max_connections "
+                f"plus {DESCRIPTORS_OF_ITS_OWN} of its own ({needed}): connections past that are refused. "
+                "Raise the limit (`ulimit -n`, systemd's LimitNOFILE=, a container's nofile ulimit) "
+                "or lower gateway.max_connections")
+    return None
+
+
 def serve(cfg: GatewayConfig) -> None:
     """Runs granian with the gateway app until it is told to stop."""
     from granian.http import HTTP1Settings
 
     os.environ[CONFIG_ENV] = encode_gateway(cfg).decode()
+    short = raise_descriptor_limit(cfg.max_connections + DESCRIPTORS_OF_ITS_OWN)
+    if short:
+        print(f"warning: {short}", file=sys.stderr)
     if cfg.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         # Set before the workers fork and before prometheus_client is imported
         # anywhere (it picks its value store at import), so every worker writes
@@ -100,7 +128,7 @@ def serve(cfg: GatewayConfig) -> None:
     serve_app("llmgw.gateway.app:create_app", cfg.host, cfg.port,
               f"llmgw gateway listening on http://{cfg.host}:{cfg.port} "
               f"({len(cfg.endpoints)} replicas, {cfg.workers} worker{'s' if cfg.workers > 1 else ''})",
-              workers=cfg.workers, backlog=2048,
+              workers=cfg.workers, backlog=2048, backpressure=-(-cfg.max_connections // cfg.workers),
               http1_settings=HTTP1Settings(header_read_timeout=int(cfg.timeouts.client_headers * 1000)))
 
 
