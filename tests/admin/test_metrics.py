@@ -84,3 +84,36 @@ def test_metrics_count_admin_answers_by_route_template(server: Server) -> None:
     text = server.call("GET", "/metrics", token=None)[2]
     for secret in (issued["key"], server.admin_token, server.gateway_token, "acme"):
         assert secret not in text
+
+
+def _lease(server: Server, gateway: str, *asks: wire.LeaseAsk) -> list[wire.LeaseGrant]:
+    status, _, body = server.call("POST", "/internal/v1/leases", "gateway",
+                                  msgspec.json.encode(wire.LeaseRequest(gateway_id=gateway, asks=list(asks))),
+                                  {"content-type": "application/json"})
+    assert status == 200, body
+    return msgspec.convert(body, wire.LeaseReply).grants
+
+
+def test_metrics_say_what_the_limits_authority_granted_and_refused(server: Server) -> None:
+    before = scrape(server)
+    assert before['llmgw_limit_refusals_total{limit="rpm"}'] == 0
+    assert before["llmgw_limit_gateways"] == 0
+    rpm = wire.Limits(rpm=2)
+    one = wire.Limits(concurrency=1)
+    first = _lease(server, "gw_a", wire.LeaseAsk(scope="key:k1", limits=rpm, units=5),
+                   wire.LeaseAsk(scope="project:p1", limits=one, slots=1))
+    assert [(g.units, g.slots, g.denied) for g in first] == [(2, 0, None), (0, 1, None)]
+    again = _lease(server, "gw_a", wire.LeaseAsk(scope="key:k1", limits=rpm, units=1))
+    other = _lease(server, "gw_b", wire.LeaseAsk(scope="project:p1", limits=one, slots=1))
+    assert again[0].denied == "rpm" and other[0].denied == "concurrency"
+    got = scrape(server)
+    assert got['llmgw_limit_refusals_total{limit="rpm"}'] == 1
+    assert got['llmgw_limit_refusals_total{limit="concurrency"}'] == 1
+    assert got['llmgw_limit_refusals_total{limit="budget"}'] == 0
+    assert got['llmgw_limit_granted_total{kind="units"}'] == 2
+    assert got['llmgw_limit_granted_total{kind="slots"}'] == 1
+    assert got["llmgw_limit_slots_held"] == 1
+    assert (got["llmgw_limit_scopes"], got["llmgw_limit_gateways"]) == (2, 2)
+    assert got["llmgw_limit_slots_reclaimed_total"] == 0
+    # Scope names (key and project ids) are never labels.
+    assert not any("k1" in name or "p1" in name for name in got)

@@ -225,3 +225,19 @@ def test_units_given_back_leave_the_window_exactly_once(asks: list[tuple[int, in
         w.now += 3.0
         in_window = sum(1 for t in used if t > w.now - WINDOW)
         assert w.auth.window_units(SCOPE) == in_window
+
+
+def test_the_authority_counts_what_it_granted_refused_and_reclaimed() -> None:
+    # What the control plane's /metrics reads (llmgw_limit_*).
+    auth = LimitsAuthority(reclaim_after=5.0, clock=lambda: 0.0)
+    two = Limits(concurrency=2, rpm=10)
+    got = auth.lease_now(LeaseRequest(gateway_id="a", asks=[LeaseAsk(scope="project:p", limits=two, slots=2,
+                                                                     units=3)]), 0.0)
+    assert (got.grants[0].slots, got.grants[0].units) == (2, 3)
+    refused = auth.lease_now(LeaseRequest(gateway_id="b", asks=[LeaseAsk(scope="project:p", limits=two,
+                                                                         slots=1)]), 1.0)
+    assert refused.grants[0].denied == "concurrency"
+    auth.lease_now(LeaseRequest(gateway_id="b"), 7.0)  # gateway a silent past reclaim_after
+    assert auth.granted == {"units": 3, "tokens": 0, "slots": 2}
+    assert auth.refused == {"rpm": 0, "tpm": 0, "concurrency": 1, "budget": 0}
+    assert auth.reclaimed == 2 and auth.in_flight("project:p") == 0

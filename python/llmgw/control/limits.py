@@ -156,6 +156,13 @@ class LimitsAuthority:
         self.gateways: dict[str, _Gateway] = {}
         self._next_lease = 0
         self._next_prune = 0.0
+        # What it did since it started (this process's lead), for /metrics.
+        self.granted = {"units": 0, "tokens": 0, "slots": 0}
+        """Amounts granted, by kind."""
+        self.refused = {"rpm": 0, "tpm": 0, "concurrency": 0, "budget": 0}
+        """Asks refused, by the limit that refused them."""
+        self.reclaimed = 0
+        """Slots taken back from gateways that went silent."""
 
     async def lease(self, req: LeaseRequest) -> LeaseReply:
         """Answers one gateway's lease call (POST /internal/v1/leases)."""
@@ -193,6 +200,14 @@ class LimitsAuthority:
                 break
             del leases[first]
         grants = [self._one(gw, req.gateway_id, ask, now) for ask in req.asks]
+        granted = self.granted
+        for g in grants:
+            if g.denied is not None:
+                self.refused[g.denied] = self.refused.get(g.denied, 0) + 1
+            else:
+                granted["units"] += g.units
+                granted["tokens"] += g.tokens
+                granted["slots"] += g.slots
         return LeaseReply(grants=grants, heartbeat=self.heartbeat, reclaim_after=self.reclaim_after)
 
     def _scope(self, name: str, limits: Limits) -> _Scope:
@@ -290,7 +305,9 @@ class LimitsAuthority:
         for gid in [g for g, st in self.gateways.items() if st.last_seen < edge]:
             del self.gateways[gid]
             for sc in self.scopes.values():
-                sc.slots_held -= sc.slots.pop(gid, 0)
+                taken = sc.slots.pop(gid, 0)
+                sc.slots_held -= taken
+                self.reclaimed += taken
 
     def in_flight(self, scope: str) -> int:
         """Slots held for a scope over all gateways (after reclaiming those of silent gateways)."""

@@ -2,8 +2,9 @@
 
 What an operator alerts on: whether this process leads (`sum(llmgw_control_plane_leader)
 == 0` is a cluster with no leader), whether usage still arrives and lands
-(`llmgw_usage_*`), what the admin API answers (`llmgw_admin_requests_total`), and the
-fleet as this control plane sees it (`llmgw_nodes`, `llmgw_replicas`). Counters move
+(`llmgw_usage_*`), what the admin API answers (`llmgw_admin_requests_total`), what the
+limits authority refuses and hands out (`llmgw_limit_*`), and the fleet as this control
+plane sees it (`llmgw_nodes`, `llmgw_replicas`). Counters move
 where the work happens; gauges are read from the live state when a scrape asks, so a
 standby (which attaches no part) shows its role and its own admin traffic only.
 
@@ -32,6 +33,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from llmgw.store.usage import IngestResult
 
+    from .limits import LimitsAuthority
     from .server import ControlPlane
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -147,53 +149,70 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[Any]:
         cp, owner = self._cp, self._owner
         lead = cp.leadership
-        leader = GaugeMetricFamily("llmgw_control_plane_leader", "1 while this control plane leads "
-                                   "(it runs limits, usage settling, snapshots and the fleet), 0 as "
-                                   "a standby.")
-        leader.add_metric([], 1 if lead is not None and lead.is_leader else 0)
-        yield leader
-        sending = GaugeMetricFamily("llmgw_usage_gateways", "Gateway workers that posted usage "
-                                    f"in the last {ACTIVE_FOR:.0f} seconds.")
-        sending.add_metric([], owner.gateways_sending())
-        yield sending
-        last = GaugeMetricFamily("llmgw_usage_last_post_timestamp_seconds", "When the last usage "
-                                 "post was stored (unix seconds; 0 before the first).")
-        last.add_metric([], owner.last_post)
-        yield last
+        yield GaugeMetricFamily("llmgw_control_plane_leader", "1 while this control plane leads "
+                                "(it runs limits, usage settling, snapshots and the fleet), 0 as "
+                                "a standby.", value=1 if lead is not None and lead.is_leader else 0)
+        yield GaugeMetricFamily("llmgw_usage_gateways", "Gateway workers that posted usage "
+                                f"in the last {ACTIVE_FOR:.0f} seconds.", value=owner.gateways_sending())
+        yield GaugeMetricFamily("llmgw_usage_last_post_timestamp_seconds", "When the last usage "
+                                "post was stored (unix seconds; 0 before the first).", value=owner.last_post)
         snap = cp.snapshots.current if cp.snapshots is not None else None
         if snap is not None:
-            version = GaugeMetricFamily("llmgw_snapshot_version", "Version of the key and limit "
-                                        "snapshot published to gateways.")
-            version.add_metric([], snap.version)
-            yield version
-            keys = GaugeMetricFamily("llmgw_snapshot_keys", "API keys in the published snapshot "
-                                     "(revoked and expired keys are left out).")
-            keys.add_metric([], len(snap.keys))
-            yield keys
+            yield GaugeMetricFamily("llmgw_snapshot_version", "Version of the key and limit "
+                                    "snapshot published to gateways.", value=snap.version)
+            yield GaugeMetricFamily("llmgw_snapshot_keys", "API keys in the published snapshot "
+                                    "(revoked and expired keys are left out).", value=len(snap.keys))
+        if cp.limits is not None:
+            yield from _limits(cp.limits)
         fleet = cp.fleet
         if fleet is not None:
             yield from _fleet(fleet)
 
 
+def _limits(authority: LimitsAuthority) -> Iterator[Any]:
+    yield _labelled(CounterMetricFamily("llmgw_limit_refusals", "Lease asks the limits authority "
+                                        "refused, by the limit that refused them (rpm, tpm, "
+                                        "concurrency, budget): a gateway worker then answers 429 "
+                                        "until a later ask is granted.", labels=["limit"]),
+                    (([limit], n) for limit, n in sorted(authority.refused.items())))
+    yield _labelled(CounterMetricFamily("llmgw_limit_granted", "What the limits authority granted "
+                                        "to gateway workers, by kind: request units (rpm), tokens "
+                                        "(tpm and budgets), concurrency slots.", labels=["kind"]),
+                    (([kind], n) for kind, n in sorted(authority.granted.items())))
+    yield CounterMetricFamily("llmgw_limit_slots_reclaimed", "Concurrency slots taken back "
+                              "from gateway workers not heard from for reclaim_after seconds.",
+                              value=authority.reclaimed)
+    yield GaugeMetricFamily("llmgw_limit_slots_held", "Concurrency slots gateway workers hold now, "
+                            "over every key and project.",
+                            value=sum(sc.slots_held for sc in authority.scopes.values()))
+    yield GaugeMetricFamily("llmgw_limit_scopes", "Keys and projects with limits in use (a scope "
+                            "idle for a minute is forgotten).", value=len(authority.scopes))
+    yield GaugeMetricFamily("llmgw_limit_gateways", "Gateway workers the limits authority "
+                            "follows: one is dropped, and its slots reclaimed, at the first "
+                            "call after reclaim_after seconds without one of its own.",
+                            value=len(authority.gateways))
+
+
 def _fleet(fleet: Any) -> Iterator[Any]:
-    nodes = GaugeMetricFamily("llmgw_nodes", "Nodes, by state and by what an operator set "
-                              "(ready, cordoned, draining).", labels=["state", "admin_state"])
-    for labels, c in _count((n.state, n.admin_state) for n in fleet.nodes.values()):
-        nodes.add_metric(labels, c)
-    yield nodes
-    replicas = GaugeMetricFamily("llmgw_replicas", "Replicas, by model and state.",
-                                 labels=["model", "state"])
-    for labels, c in _count((r.model, r.state) for r in fleet.replicas.values()):
-        replicas.add_metric(labels, c)
-    yield replicas
-    unplaced = GaugeMetricFamily("llmgw_replicas_unplaced", "Replicas a model wants that no node "
-                                 "can take now.", labels=["model"])
-    for model, c in sorted(fleet.unplaced.items()):
-        unplaced.add_metric([model], c)
-    yield unplaced
-    passes = CounterMetricFamily("llmgw_reconcile_passes", "Reconcile passes of the fleet loop.")
-    passes.add_metric([], fleet.passes)
-    yield passes
+    yield _labelled(GaugeMetricFamily("llmgw_nodes", "Nodes, by state and by what an operator set "
+                                      "(ready, cordoned, draining).", labels=["state", "admin_state"]),
+                    _count((n.state, n.admin_state) for n in fleet.nodes.values()))
+    yield _labelled(GaugeMetricFamily("llmgw_replicas", "Replicas, by model and state.",
+                                      labels=["model", "state"]),
+                    _count((r.model, r.state) for r in fleet.replicas.values()))
+    yield _labelled(GaugeMetricFamily("llmgw_replicas_unplaced", "Replicas a model wants that no "
+                                      "node can take now.", labels=["model"]),
+                    (([model], c) for model, c in sorted(fleet.unplaced.items())))
+    yield CounterMetricFamily("llmgw_reconcile_passes", "Reconcile passes of the fleet loop.",
+                              value=fleet.passes)
+
+
+def _labelled(family: GaugeMetricFamily | CounterMetricFamily,
+              samples: Iterable[tuple[list[str], float]]) -> GaugeMetricFamily | CounterMetricFamily:
+    """`family` with one sample per (label values, value) of `samples`."""
+    for values, n in samples:
+        family.add_metric(values, n)
+    return family
 
 
 def _count(keys: Iterable[tuple[str, str]]) -> list[tuple[list[str], int]]:
