@@ -103,7 +103,8 @@ def raise_descriptor_limit(needed: int) -> str | None:
             pass
     if soft != resource.RLIM_INFINITY and soft < needed:
         return (f"this process may open {soft} descriptors, fewer than gateway.max_connections "
-                f"plus {DESCRIPTORS_OF_ITS_OWN} of its own ({needed}): connections past that are refused. "
+                f"plus {DESCRIPTORS_OF_ITS_OWN} of its own ({needed}): connections past that cannot be "
+                "accepted. "
                 "Raise the limit (`ulimit -n`, systemd's LimitNOFILE=, a container's nofile ulimit) "
                 "or lower gateway.max_connections")
     return None
