@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
 
-from llmgw.connections import Ends, TcpDiag, descriptors, shutdown_silent
+from llmgw.connections import Ends, TcpDiag, descriptors, listener_families, shutdown_silent
 
 log = logging.getLogger("llmgw.silent")
 
@@ -52,6 +53,17 @@ class SilentSweep:
         has stayed silent for `after` by this (kernels do not say since when)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def serving(cls, host: str, port: int, after: float,
+                on_closed: Callable[[int], None]) -> SilentSweep | None:
+        """A started sweep of the listener on `host`:`port`, or None where there is nothing to
+        sweep: not Linux, or no fixed port."""
+        if sys.platform != "linux" or not port:
+            return None
+        sweep = cls(port, after, on_closed, listener_families(host))
+        sweep.start()
+        return sweep
 
     def sweep(self, now: float) -> int:
         """One pass; returns the connections closed. Silent connections of other workers

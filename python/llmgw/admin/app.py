@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,6 @@ from urllib.parse import parse_qsl
 import msgspec
 
 from llmgw import datadir
-from llmgw.connections import listener_families
 from llmgw.control.metrics import ROUTE_FORWARDED, ROUTE_UNMATCHED
 from llmgw.control.server import token_digest
 from llmgw.serving import read_body
@@ -91,14 +89,11 @@ class AdminApp:
     # -- RSGI hooks ---------------------------------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(self.control.start())
+        # Connections that send nothing would hold granian's places until they leave: a flood
+        # of them would cut every gateway off its usage posts and leases.
         config = self.control.config
-        if sys.platform == "linux" and config.port:
-            # Connections that send nothing would hold granian's places until they leave: a
-            # flood of them would cut every gateway off its usage posts and leases.
-            metrics = self.control.metrics
-            self._silent = SilentSweep(config.port, config.settings.admin_header_timeout, metrics.connections_closed,
-                                       listener_families(config.host))
-            self._silent.start()
+        self._silent = SilentSweep.serving(config.host, config.port, config.settings.admin_header_timeout,
+                                           self.control.metrics.connections_closed)
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._silent is not None:

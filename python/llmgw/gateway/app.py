@@ -12,7 +12,6 @@ import contextlib
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -22,7 +21,6 @@ from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
 from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
-from llmgw.connections import listener_families
 from llmgw.deadlines import Deadlines
 from llmgw.serving import read_body, settle_worker_heap
 from llmgw.silent import SilentSweep
@@ -127,12 +125,9 @@ class Gateway:
             self.kv_events.start()
         self.metrics = Metrics(self._replica_snapshot, self.replicas.router.decisions)
         self.metrics.kv_stats = None if self.kv_index is None else self.kv_index.stats
-        if sys.platform == "linux" and self.cfg.port:
-            metrics = self.metrics
-            self.silent = SilentSweep(self.cfg.port, self.cfg.timeouts.client_headers,
-                                      lambda n: metrics.connections_closed("silent", n),
-                                      listener_families(self.cfg.host))
-            self.silent.start()
+        metrics = self.metrics
+        self.silent = SilentSweep.serving(self.cfg.host, self.cfg.port, self.cfg.timeouts.client_headers,
+                                          lambda n: metrics.connections_closed("silent", n))
         self.replicas._on_ejection = self.metrics.ejection
         t = self.cfg.timeouts
         self.proxy = Proxy(
