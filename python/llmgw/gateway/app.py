@@ -125,6 +125,7 @@ class Gateway:
             self.kv_events.start()
         self.metrics = Metrics(self._replica_snapshot, self.replicas.router.decisions)
         self.metrics.kv_stats = None if self.kv_index is None else self.kv_index.stats
+        self.usage.watch = self.metrics
         metrics = self.metrics
         self.silent = SilentSweep.serving(self.cfg.host, self.cfg.port, self.cfg.timeouts.client_headers,
                                           lambda n: metrics.connections_closed("silent", n))
@@ -170,6 +171,8 @@ class Gateway:
             self.deadlines.close()
         if self.proxy is not None:
             self.proxy.tcp.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
     def _apply_snapshot(self, snap: Snapshot) -> None:
         """Takes a new snapshot: keys and limits, the replicas placed, the catalog's models."""

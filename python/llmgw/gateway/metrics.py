@@ -16,7 +16,7 @@ import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -57,6 +57,16 @@ TABLE: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "llmgw_client_connections_closed_total": (Counter, ("Client connections the gateway closed, by why: silent (no "
                                               "byte within timeouts.client_headers of connecting), stalled (a "
                                               "streamed answer unread for timeouts.client_idle)."), ("reason",)),
+    "llmgw_usage_records_dropped_total": (Counter, ("Usage records the gateway gave up on, by why: backlog (usage_max_pending "
+                                          "records were waiting for the control plane), refused (the control plane "
+                                          "refused their post as invalid), shutdown (still unsent when the worker "
+                                          "stopped)."), ("reason",)),
+    "llmgw_usage_post_failures_total": (Counter, ("Usage posts the control plane did not take (unreachable, or it "
+                                        "answered an error); their records are kept and sent again."), ()),
+    "llmgw_usage_pending_records": (Gauge, ("Usage records (running and finished requests) waiting to be posted to "
+                                    "the control plane, as of the last post."), ()),
+    "llmgw_usage_pending_records_max": (Gauge, ("usage_max_pending: past this many waiting records, new ones are "
+                                        "dropped."), ()),
 }
 
 
@@ -104,12 +114,15 @@ class Metrics:
         self.kv_stats: Callable[[], dict[str, int]] | None = None
         """The KV-event index's counters, when the worker has one."""
         self.registry = CollectorRegistry(auto_describe=False)
-        made: dict[str, Counter | Histogram] = {}
+        made: dict[str, Counter | Histogram | Gauge] = {}
         for name, (cls, doc, labels) in TABLE.items():
             # prometheus_client appends _total to counters itself.
             base = name.removesuffix("_total") if cls is Counter else name
             if cls is Histogram:
                 made[name] = Histogram(base, doc, labels, registry=self.registry, buckets=_LATENCY)
+            elif cls is Gauge:
+                # With several workers, the sum over the live ones.
+                made[name] = Gauge(base, doc, labels, registry=self.registry, multiprocess_mode="livesum")
             else:
                 made[name] = cls(base, doc, labels, registry=self.registry)
         self.registry.register(_ReplicaCollector(replicas, decisions, self))
@@ -124,11 +137,17 @@ class Metrics:
         self._retries_refused = made["llmgw_upstream_retries_refused_total"]
         self._waits = made["llmgw_scale_from_zero_waits_total"]
         self._closed = made["llmgw_client_connections_closed_total"]
+        self._usage_dropped = made["llmgw_usage_records_dropped_total"]
+        self._usage_failures = made["llmgw_usage_post_failures_total"]
+        self._usage_pending = made["llmgw_usage_pending_records"]
+        self._usage_pending_max = made["llmgw_usage_pending_records_max"]
         self._children: dict[tuple[str, ...], object] = {}
         self._per_request: dict[tuple[str, str], tuple[Counter | Histogram, ...]] = {}
         """(model, status) -> the five children `request` updates."""
         self._shared = "PROMETHEUS_MULTIPROC_DIR" in os.environ
         """Several workers: the values are files that any worker's scrape reads."""
+        if self._shared:
+            forget_dead_workers(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         self._tallies: dict[tuple[str, str], _Tally] | None = None if self._shared else {}
         """(model, status) -> what finished since the last scrape; None: each request is
         written to the shared values at once (several workers)."""
@@ -217,6 +236,25 @@ class Metrics:
         """Counts client connections the gateway closed (`reason`: silent or stalled); any thread."""
         self._child(self._closed, reason).inc(n)  # type: ignore[union-attr]
 
+    # -- usage shipping (`usage.UsageSink`, a post at a time) ---------------------------
+    def usage_dropped(self, reason: str, n: int) -> None:
+        """Counts usage records given up on (`reason`: backlog, refused or shutdown)."""
+        self._child(self._usage_dropped, reason).inc(n)  # type: ignore[union-attr]
+
+    def usage_post_failed(self) -> None:
+        """Counts a usage post the control plane did not take (its records are kept)."""
+        self._usage_failures.inc()  # type: ignore[union-attr]
+
+    def usage_pending(self, n: int, most: int) -> None:
+        """Sets the records waiting for the control plane, and how many may wait."""
+        self._usage_pending.set(n)  # type: ignore[union-attr]
+        self._usage_pending_max.set(most)  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        """At the worker's stop: with several workers, its gauges leave the sums."""
+        if self._shared:
+            multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+
     def render(self) -> bytes:
         """The Prometheus text exposition.
 
@@ -230,6 +268,31 @@ class Metrics:
             multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
             return generate_latest(merged) + generate_latest(self._replica_registry)
         return generate_latest(self.registry)
+
+
+def forget_dead_workers(directory: str) -> None:
+    """Drops the gauge files of workers no longer running (one that crashed and was started
+    again), so that `livesum` gauges add up the live workers only; counters keep theirs."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return  # prometheus_client reports the directory when it first writes there
+    for name in names:
+        if not name.startswith("gauge_live"):
+            continue
+        pid = name.rsplit("_", 1)[-1].removesuffix(".db")
+        if pid.isdigit() and not _alive(int(pid)):
+            multiprocess.mark_process_dead(int(pid), directory)  # type: ignore[no-untyped-call]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _add_observed(h: Counter | Histogram, total: float, buckets: list[int]) -> None:

@@ -67,6 +67,16 @@ class _Outgoing(msgspec.Struct, kw_only=True):
     key_last_used: dict[str, Instant]
 
 
+class UsageWatch(Protocol):
+    """What the worker's metrics learn of shipping (`metrics.Metrics` is one)."""
+
+    def usage_dropped(self, reason: str, n: int) -> None: ...
+
+    def usage_post_failed(self) -> None: ...
+
+    def usage_pending(self, n: int, most: int) -> None: ...
+
+
 class BatchRejected(Exception):
     """The control plane answered that this batch is invalid (HTTP 400, 413, 422): never resent."""
 
@@ -110,6 +120,8 @@ class UsageSink:
         # in the call that queues the row.
         self.queue.track(self.opens, self.last_used, max_pending)
         self.failures = 0
+        self.watch: UsageWatch | None = None
+        """Told of drops, failed posts and what waits, once a post (the worker's metrics)."""
         self._task: asyncio.Task[None] | None = None
         self._encoder = msgspec.json.Encoder()
         self._ticks: asyncio.Event | None = None
@@ -261,10 +273,21 @@ class UsageSink:
         """
         if self.ship is None:
             return True
+        watch = self.watch
         if self.dropped:
+            if watch is not None:
+                watch.usage_dropped("backlog", self.dropped)
             log.error("usage: %d records dropped: the control plane has not taken any for a while and %d "
                       "are waiting (usage_max_pending)", self.dropped, self.max_pending)
             self.dropped = 0
+        try:
+            return await self._send(drain)
+        finally:
+            if watch is not None:
+                watch.usage_pending(len(self.opens) + len(self.queue), self.max_pending)
+
+    async def _send(self, drain: bool) -> bool:
+        watch = self.watch
         # A record's open and final count as one: record() takes the open out as it adds the final.
         left = len(self.opens) + len(self.queue)
         first = True
@@ -298,8 +321,12 @@ class UsageSink:
                 # Sending it again would be refused again, and hold up every later record.
                 log.error("usage: the control plane refused a batch of %d records (%s); dropped",
                           n_open + n_final, e)
+                if watch is not None:
+                    watch.usage_dropped("refused", n_open + n_final)
             except Exception as e:  # noqa: BLE001 - kept and sent again, whatever went wrong
                 self.failures += 1
+                if watch is not None:
+                    watch.usage_post_failed()
                 if self.failures == 1 or self.failures % 100 == 0:  # not every 0.25 s of an outage
                     log.warning("usage: cannot post %d records to the control plane (%s); kept for the next "
                                 "try (%d failures in a row)", len(self.opens) + len(self.queue), e, self.failures)
@@ -341,4 +368,6 @@ class UsageSink:
             await asyncio.sleep(0.1)  # back-off before the next try, bounded by the deadline
         left = len(self.opens) + len(self.queue)
         if left:
+            if self.watch is not None:
+                self.watch.usage_dropped("shutdown", left)
             log.error("usage: %d records could not reach the control plane before shutdown", left)
