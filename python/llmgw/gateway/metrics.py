@@ -16,7 +16,14 @@ import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -114,7 +121,8 @@ class Metrics:
         self.kv_stats: Callable[[], dict[str, int]] | None = None
         """The KV-event index's counters, when the worker has one."""
         self.registry = CollectorRegistry(auto_describe=False)
-        made: dict[str, Counter | Histogram | Gauge] = {}
+        made: dict[str, Counter | Histogram] = {}
+        gauges: dict[str, Gauge] = {}
         for name, (cls, doc, labels) in TABLE.items():
             # prometheus_client appends _total to counters itself.
             base = name.removesuffix("_total") if cls is Counter else name
@@ -122,7 +130,7 @@ class Metrics:
                 made[name] = Histogram(base, doc, labels, registry=self.registry, buckets=_LATENCY)
             elif cls is Gauge:
                 # With several workers, the sum over the live ones.
-                made[name] = Gauge(base, doc, labels, registry=self.registry, multiprocess_mode="livesum")
+                gauges[name] = Gauge(base, doc, labels, registry=self.registry, multiprocess_mode="livesum")
             else:
                 made[name] = cls(base, doc, labels, registry=self.registry)
         self.registry.register(_ReplicaCollector(replicas, decisions, self))
@@ -139,8 +147,8 @@ class Metrics:
         self._closed = made["llmgw_client_connections_closed_total"]
         self._usage_dropped = made["llmgw_usage_records_dropped_total"]
         self._usage_failures = made["llmgw_usage_post_failures_total"]
-        self._usage_pending = made["llmgw_usage_pending_records"]
-        self._usage_pending_max = made["llmgw_usage_pending_records_max"]
+        self._usage_pending = gauges["llmgw_usage_pending_records"]
+        self._usage_pending_max = gauges["llmgw_usage_pending_records_max"]
         self._children: dict[tuple[str, ...], object] = {}
         self._per_request: dict[tuple[str, str], tuple[Counter | Histogram, ...]] = {}
         """(model, status) -> the five children `request` updates."""
@@ -247,8 +255,8 @@ class Metrics:
 
     def usage_pending(self, n: int, most: int) -> None:
         """Sets the records waiting for the control plane, and how many may wait."""
-        self._usage_pending.set(n)  # type: ignore[union-attr]
-        self._usage_pending_max.set(most)  # type: ignore[union-attr]
+        self._usage_pending.set(n)
+        self._usage_pending_max.set(most)
 
     def close(self) -> None:
         """At the worker's stop: with several workers, its gauges leave the sums."""

@@ -287,7 +287,8 @@ class UsageSink:
                 watch.usage_pending(len(self.opens) + len(self.queue), self.max_pending)
 
     async def _send(self, drain: bool) -> bool:
-        watch = self.watch
+        ship, watch = self.ship, self.watch
+        assert ship is not None  # `send` returns before this without a control plane
         # A record's open and final count as one: record() takes the open out as it adds the final.
         left = len(self.opens) + len(self.queue)
         first = True
@@ -316,7 +317,7 @@ class UsageSink:
             # theirs and new ones are appended, so position alone no longer names them.
             sent = list(itertools.islice(self.opens, n_open))
             try:
-                await self.ship(body)
+                await ship(body)
             except BatchRejected as e:
                 # Sending it again would be refused again, and hold up every later record.
                 log.error("usage: the control plane refused a batch of %d records (%s); dropped",
