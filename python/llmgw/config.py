@@ -107,6 +107,13 @@ class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     eject_base: Seconds = 1.0
     """First ejection after a connect error or 5xx; doubles with each further ejection."""
     eject_max: Seconds = 60.0
+    max_ejection_percent: Annotated[int, msgspec.Meta(ge=0, le=100)] = 50
+    """At most this share of a model's replicas is out of routing at once for errors
+    (Envoy's `max_ejection_percent`, counting replicas out for a failed probe too): a
+    replica whose ejection would take more out keeps serving, so a burst of 5xx on every
+    replica never leaves a model with none to try. At 50 one of two replicas may be
+    ejected, and the only one never is; 100 lets ejection take every replica out (503
+    until the first comes back)."""
 
 
 class RetryBudget(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

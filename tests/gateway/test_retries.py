@@ -64,8 +64,10 @@ def test_when_every_replica_is_slow_tries_and_time_stay_bounded(
 def test_a_replica_that_keeps_failing_is_ejected_for_longer_each_time(
         gateway_factory: Callable[..., Gateway]) -> None:
     with start_sim("--model", "m") as sim:
+        # 100: the model's only replica may be ejected (at the default it is spared, below).
         gw = gateway_factory([f"r1={sim.url}=m"],
-                             {"health": {"eject_base": 0.4, "eject_max": 0.8, "probe_interval": 60}})
+                             {"health": {"eject_base": 0.4, "eject_max": 0.8, "probe_interval": 60,
+                                         "max_ejection_percent": 100}})
         c = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=10)
 
         def fail() -> None:
@@ -95,6 +97,54 @@ def test_a_replica_that_keeps_failing_is_ejected_for_longer_each_time(
                          timeout=5.0)
         got = [(ln.split("ejected for ")[1].split("s ")[0], ln.split("(ejection ")[1].split()[0]) for ln in lines]
         assert got == [("0.4", "1"), ("0.8", "2"), ("0.8", "3"), ("0.8", "4"), ("0.4", "1")], lines
+
+
+def test_a_models_only_replica_is_spared_and_keeps_serving(gateway_factory: Callable[..., Gateway]) -> None:
+    # At the default max_ejection_percent (50) errors never leave a model without a replica:
+    # its only one answering 500 gives that client a 502, and the next request is served
+    # (it was a 503 for eject_base seconds before, 60 s after a few failures in a row).
+    with start_sim("--model", "m") as sim:
+        gw = gateway_factory([f"r1={sim.url}=m"], {"health": {"eject_base": 30, "probe_interval": 60}})
+        def spared_lines() -> list[str]:
+            return [ln for ln in gw.proc.lines if "is not ejected" in ln]
+
+        with _client(gw) as c:
+            for run in (3, 1):  # a run of three failures, a success, then one more
+                for _ in range(run):
+                    with pytest.raises(openai.APIStatusError) as failed:
+                        c.chat.completions.create(model="m", messages=MSG, max_tokens=1,
+                                                  extra_headers={"x-sim-fault": "fail=500"})
+                    assert failed.value.status_code == 502
+                assert c.chat.completions.create(model="m", messages=MSG, max_tokens=1).choices
+        assert gw.metric("llmgw_replica_ejections_spared_total", replica="r1") == 4
+        assert gw.metric("llmgw_replica_ejections_total", replica="r1") == 0
+        # Logged once a run of failures, not once a failure (the output is read on another thread).
+        lines = wait_for("the spared replica's log lines", lambda: spared_lines()[1:] and spared_lines(), timeout=5.0)
+        time.sleep(0.2)
+        assert len(spared_lines()) == 2, spared_lines()
+        assert "model 'm'" in lines[0] and "max_ejection_percent 50" in lines[0], lines
+
+
+def test_errors_on_every_replica_eject_at_most_half(gateway_factory: Callable[..., Gateway]) -> None:
+    # Both replicas fail the same request: the first is ejected, the retry's failure spares the
+    # second, and the model keeps one replica to serve the next requests.
+    with start_sim("--model", "m") as a, start_sim("--model", "m") as b:
+        gw = gateway_factory([f"a={a.url}=m", f"b={b.url}=m"],
+                             {"retries": 1, "health": {"eject_base": 30, "probe_interval": 60}})
+        with _client(gw) as c:
+            with pytest.raises(openai.APIStatusError) as failed:
+                c.chat.completions.create(model="m", messages=MSG, max_tokens=1,
+                                          extra_headers={"x-sim-fault": "fail=500"})
+            assert failed.value.status_code == 502
+            for _ in range(4):
+                assert c.chat.completions.create(model="m", messages=MSG, max_tokens=1).choices
+        recs = gw.usage(5)
+        assert recs[0]["retries"] == 1 and recs[0]["status"] == "upstream_error", recs[0]
+        ejected = {r: gw.metric("llmgw_replica_ejections_total", replica=r) for r in ("a", "b")}
+        spared = {r: gw.metric("llmgw_replica_ejections_spared_total", replica=r) for r in ("a", "b")}
+        assert sorted(ejected.values()) == [0, 1] and sorted(spared.values()) == [0, 1], (ejected, spared)
+        kept = next(r for r, n in spared.items() if n == 1)
+        assert {r["replica"] for r in recs[1:]} == {kept}, recs
 
 
 def test_retries_across_requests_stay_within_the_retry_budget(

@@ -130,6 +130,7 @@ class Gateway:
         self.silent = SilentSweep.serving(self.cfg.host, self.cfg.port, self.cfg.timeouts.client_headers,
                                           lambda n: metrics.connections_closed("silent", n))
         self.replicas._on_ejection = self.metrics.ejection
+        self.replicas.on_spared = self.metrics.ejection_spared
         t = self.cfg.timeouts
         self.proxy = Proxy(
             self.replicas, self.usage, self.metrics, retries=self.cfg.retries,

@@ -59,6 +59,9 @@ TABLE: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "llmgw_upstream_retries_refused_total": (Counter, ("Retries not made because the worker's retry budget "
                                               "was spent (the failure went to the client)."), ("model",)),
     "llmgw_replica_ejections_total": (Counter, "Passive ejections of a replica after a connect error or 5xx.", ("replica",)),
+    "llmgw_replica_ejections_spared_total": (Counter, ("Connect errors and 5xx that did not eject their replica: "
+                                             "health.max_ejection_percent of one of its models' replicas "
+                                             "were out of routing already."), ("replica",)),
     "llmgw_scale_from_zero_waits_total": (Counter, ("Requests held for a model with no replica, by how "
                                           "the wait ended (ready, timeout, gone, refused)."), ("model", "outcome")),
     "llmgw_client_connections_closed_total": (Counter, ("Client connections the gateway closed, by why: silent (no "
@@ -142,6 +145,7 @@ class Metrics:
         self._tokens = made["llmgw_tokens_total"]
         self._retries = made["llmgw_upstream_retries_total"]
         self._ejections = made["llmgw_replica_ejections_total"]
+        self._spared = made["llmgw_replica_ejections_spared_total"]
         self._retries_refused = made["llmgw_upstream_retries_refused_total"]
         self._waits = made["llmgw_scale_from_zero_waits_total"]
         self._closed = made["llmgw_client_connections_closed_total"]
@@ -235,6 +239,10 @@ class Metrics:
     def ejection(self, replica: str) -> None:
         """Counts a passive ejection."""
         self._child(self._ejections, replica).inc()  # type: ignore[union-attr]
+
+    def ejection_spared(self, replica: str) -> None:
+        """Counts a failure that did not eject its replica (`max_ejection_percent`)."""
+        self._child(self._spared, replica).inc()  # type: ignore[union-attr]
 
     def woken(self, model: str, outcome: str) -> None:
         """Counts one request that waited for a replica of its model."""

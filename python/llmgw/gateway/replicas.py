@@ -10,9 +10,12 @@ keep their `Replica` and finish on it: they release, eject and retry through
 
 Health has two inputs. Passive: a connect error or a 5xx ejects the replica for
 `eject_base * 2**(n-1)` seconds (n = ejections in a row, capped at `eject_max`),
-as Envoy's outlier detection does. Active: `/health` is probed every
-`probe_interval`; a failed probe takes the replica out until a probe succeeds.
-A replica routes again only when both agree.
+as Envoy's outlier detection does, unless that would take more than
+`max_ejection_percent` of one of its models' replicas out of routing (then it is
+spared and keeps serving: the failures reach the client instead of a 503 for every
+request). Active: `/health` is probed every `probe_interval`; a failed probe takes
+the replica out until a probe succeeds, whatever the share. A replica routes again
+only when both agree.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ log = logging.getLogger("llmgw.gateway")
 class Replica:
     """One replica's state on this worker."""
 
-    __slots__ = ("ejected_until", "ejections", "endpoint", "entry", "index", "pool", "probe", "probe_ok", "timer")
+    __slots__ = ("ejected_until", "ejections", "endpoint", "entry", "index", "pool", "probe", "probe_ok", "spared",
+                 "timer")
 
     def __init__(self, endpoint: Endpoint, index: int, pool: Pool, entry: ReplicaEntry | None = None) -> None:
         self.endpoint = endpoint
@@ -48,6 +52,8 @@ class Replica:
         self.ejections = 0
         self.ejected_until = 0.0
         self.probe_ok = True
+        self.spared = False
+        """Its last failure did not eject it (`max_ejection_percent`); logged once a run."""
         self.timer: asyncio.TimerHandle | None = None
         self.probe: asyncio.Task[None] | None = None
 
@@ -87,6 +93,8 @@ class ReplicaSet:
         """The router's table: `replicas[i].index == i`."""
         self._rebuild()
         self._on_ejection = on_ejection
+        self.on_spared: Callable[[str], None] | None = None
+        """Told of each failure that did not eject its replica (`max_ejection_percent`)."""
         self._probing = False
         self.scrape_load = False
         """Also read each engine's /metrics at every probe (set when a policy weighs engine load)."""
@@ -154,6 +162,18 @@ class ReplicaSet:
         """Ejects a replica after a connect error or 5xx, with growing back-off."""
         if r.index < 0:
             return  # left the table while the request ran: nothing routes to it anyway
+        short = self._would_leave_short(r)
+        if short is not None:
+            if self.on_spared is not None:
+                self.on_spared(r.id)
+            if not r.spared:
+                r.spared = True
+                model, left, n = short
+                log.warning("replica %s is not ejected (%s): ejecting it would leave %d of the %d replicas of "
+                            "model %r routable, below what max_ejection_percent %d keeps; it keeps serving",
+                            r.id, why, left, n, model, self.health.max_ejection_percent)
+            return
+        r.spared = False
         r.ejections += 1
         wait = min(self.health.eject_base * 2 ** (r.ejections - 1), self.health.eject_max)
         r.ejected_until = self.loop.time() + wait
@@ -165,10 +185,30 @@ class ReplicaSet:
         if self._on_ejection is not None:
             self._on_ejection(r.id)
 
+    def _would_leave_short(self, r: Replica) -> tuple[str, int, int] | None:
+        """(model, routable after, replicas) for the first of r's models that ejecting r
+        would leave with fewer routable replicas than `max_ejection_percent` keeps; None
+        when it may go. A replica already out (a failed probe, an ejection that a request
+        still running on it outlived) takes nothing more out."""
+        router = self.router
+        if not router.is_healthy(r.index):
+            return None
+        pct = self.health.max_ejection_percent
+        for model in r.endpoint.models:
+            serving = [x for x in self.replicas if model in x.endpoint.models]
+            n = len(serving)
+            keep = -(-n * (100 - pct) // 100)  # ceil: at 50, the only replica and one of two stay
+            left = sum(1 for x in serving if router.is_healthy(x.index)) - 1
+            if left < keep:
+                return model, left, n
+        return None
+
     def succeeded(self, r: Replica) -> None:
         """A good answer ends a run of ejections (cheap when there was none)."""
         if r.ejections and self.loop.time() >= r.ejected_until:
             r.ejections = 0
+        if r.spared:
+            r.spared = False
 
     def _restore(self, r: Replica) -> None:
         r.timer = None
