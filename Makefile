@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: help install lint test test-rust test-python bench clean generate check-generated
+.PHONY: help install tools lint test test-rust test-python bench clean generate check-generated
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -29,6 +29,21 @@ $(VENV)/.installed: pyproject.toml Cargo.toml rust/Cargo.toml $(shell find rust/
 
 install: $(VENV)/.installed ## make .venv with llmgw (Rust core built in release) and the test tools
 
+# promtool checks and unit-tests the alerting rules (python/llmgw/alerts.yaml). It comes from
+# Debian's prometheus package, unpacked into a cache outside the clone rather than installed:
+# installing the package would also set up a Prometheus server.
+PROMTOOL ?= $(HOME)/.cache/llmgw/tools/promtool
+
+$(PROMTOOL):
+	mkdir -p $(dir $@)
+	d=$$(mktemp -d) && cd $$d && \
+		{ apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus; }; } && \
+		dpkg-deb -x prometheus_*.deb unpacked && install -m 0755 unpacked/usr/bin/promtool $@ && \
+		cd / && rm -rf $$d
+	$@ --version | head -1
+
+tools: $(PROMTOOL) ## promtool, for the alerting rules' tests
+
 lint: install ## generated stubs current, ruff, mypy --strict, clippy
 	$(VENV)/bin/pip install --quiet ruff==0.17.6 mypy==2.4.1 types-PyYAML==6.0.12.20261122 asyncpg-stubs==0.32.0 \
 		types-protobuf==7.35.1.20260906 types-grpcio==1.85.0.20261028
@@ -42,8 +57,8 @@ lint: install ## generated stubs current, ruff, mypy --strict, clippy
 test-rust: ## cargo test (the Rust core, without Python)
 	cargo test --locked
 
-test-python: install ## pytest: unit, property and end-to-end tests with real processes
-	$(VENV)/bin/pytest
+test-python: install tools ## pytest: unit, property and end-to-end tests with real processes
+	LLMGW_PROMTOOL=$(PROMTOOL) $(VENV)/bin/pytest
 
 test: test-rust test-python ## the whole test suite
 

@@ -26,6 +26,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str | None]] = [
     (("engine", "sim"), "run the engine simulator: vLLM's OpenAI surface with no GPU", "llmgw.sim.cli"),
     (("engine", "llamacpp"), "serve a GGUF model on the CPU with llama.cpp (pip install 'llmgw[cpu]')",
      "llmgw.llamacpp.cli"),
+    (("alerts",), "print Prometheus alerting rules for llmgw's metrics (no leader, lost usage, failing replicas)",
+     "llmgw.cli.alerts"),
     (("version",), "print the version of llmgw and of its Rust core", "llmgw.cli.version"),
 ]
 
