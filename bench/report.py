@@ -28,6 +28,13 @@ class Machine(msgspec.Struct, kw_only=True):
     platform: str
     loadavg_start: list[float]
     loadavg_end: list[float] = []
+    clocksource: str = ""
+    """The kernel's clock source: where it cannot serve clock reads in user space (some VMs'),
+    each read is a system call, and the keyed path reads the clock more than the plain one."""
+    threads_per_core: int = 0
+    """CPU 0's SMT siblings (itself included): 2 when the two vCPUs may share one core."""
+    cpu_flags: list[str] = []
+    """Of the CPU's flags, those that move the figures: SHA and AVX extensions, TSC stability."""
 
 
 class Target(msgspec.Struct, kw_only=True):
@@ -102,22 +109,48 @@ class Result(msgspec.Struct, kw_only=True):
 
 def machine_facts() -> Machine:
     """nproc, CPU model, Python and the load average now."""
-    model = ""
+    model, flags = "", set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith("model name") and not model:
                     model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
                     break
     except OSError:
         pass
+    siblings = _read("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list")
     return Machine(
         nproc=os.cpu_count() or 0,
         cpu_model=model,
         python=sys.version.split()[0],
         platform=platform.platform(),
         loadavg_start=list(os.getloadavg()),
+        clocksource=_read("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
+        threads_per_core=_cpu_count(siblings),
+        cpu_flags=sorted(flags & _FLAGS_OF_NOTE),
     )
+
+
+_FLAGS_OF_NOTE = {"sha_ni", "avx2", "avx512f", "constant_tsc", "nonstop_tsc", "tsc_known_freq", "hypervisor"}
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _cpu_count(cpu_list: str) -> int:
+    """How many CPUs a kernel CPU list names ("0", "0-1", "0,2"); 0 for none."""
+    n = 0
+    for part in filter(None, cpu_list.split(",")):
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1 if lo.isdigit() and (hi or lo).isdigit() else 0
+    return n
 
 
 def versions(*dists: str) -> dict[str, str]:

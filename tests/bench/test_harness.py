@@ -21,6 +21,8 @@ from bench.report import DIRECT, Machine, Result, Round, Row, Target, summary_ta
 from bench.runner import Stack, fold, paired_added, paired_rps_ratio, rps_pairs, schedule
 from bench.stats import spread
 
+from bench import report
+
 
 def _res(rps: float, p50: float = 1.0, p99: float = 2.0, gap: float = math.nan) -> LoadResult:
     return LoadResult(
@@ -388,3 +390,14 @@ def test_throughput_figures_give_the_machines_idle_cores_and_the_steal_per_level
     assert figs["llmgw_keys_machine_idle_cores_c32"] == pytest.approx(0.4)
     assert figs["machine_steal_cores_median_c32"] == pytest.approx(0.025)
     assert figs["machine_steal_cores_max_c32"] == pytest.approx(0.3)
+
+
+def test_machine_facts_say_what_moves_the_keyed_figures() -> None:
+    # The clock source and the SMT siblings differ between the hosts a session draws, and the
+    # keyed path reads the clock more than the plain one: every result records them.
+    m = report.machine_facts()
+    assert m.nproc >= 1 and m.cpu_model
+    assert m.clocksource == Path("/sys/devices/system/clocksource/clocksource0/current_clocksource").read_text().strip()
+    assert m.threads_per_core >= 1
+    assert set(m.cpu_flags) <= report._FLAGS_OF_NOTE
+    assert [report._cpu_count(x) for x in ("0", "0-1", "0,2", "0-1,4-5", "", "junk")] == [1, 2, 2, 4, 0, 0]
