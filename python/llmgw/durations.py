@@ -31,7 +31,10 @@ def parse_duration(text: str) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """The shortest `parse_duration` text for a whole number of seconds (`7d`, `90m`)."""
+    """The shortest `parse_duration` text for a whole number of seconds (`7d`, `90m`); a
+    fraction of a second is shown in seconds (`1.5s`)."""
+    if seconds != int(seconds):
+        return f"{seconds:g}s"
     s = int(seconds)
     for unit in ("d", "h", "m"):  # 7d reads better than 1w
         if s and s % _UNITS[unit] == 0:

@@ -51,8 +51,8 @@ def test_bad_durations_say_what_is_accepted(text: str) -> None:
 
 
 def test_format_duration() -> None:
-    assert [format_duration(s) for s in (604800, 5400, 3600, 61, 86400 * 30)] == [
-        "7d", "90m", "1h", "61s", "30d"]
+    assert [format_duration(s) for s in (604800, 5400, 3600, 61, 86400 * 30, 1.5, 0.25, 7776000.0)] == [
+        "7d", "90m", "1h", "61s", "30d", "1.5s", "0.25s", "90d"]
 
 
 def test_every_route_has_a_json_schema() -> None:

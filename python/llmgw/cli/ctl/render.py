@@ -6,9 +6,9 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from .commands import Column, ColumnKind
+from llmgw.durations import format_duration
 
-_UNITS = (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+from .commands import Column, ColumnKind
 
 
 def cell(value: Any, kind: ColumnKind = "text", field: str = "") -> str:
@@ -18,7 +18,7 @@ def cell(value: Any, kind: ColumnKind = "text", field: str = "") -> str:
     if kind == "time" or (kind == "text" and field.endswith("_at") and isinstance(value, (int, float))):
         return iso(float(value))
     if kind == "duration" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return duration(float(value))
+        return format_duration(float(value))
     if kind == "limits" and isinstance(value, dict):
         return " ".join(f"{k}={v}" for k, v in value.items() if v is not None) or "-"
     if isinstance(value, bool):
@@ -35,14 +35,6 @@ def cell(value: Any, kind: ColumnKind = "text", field: str = "") -> str:
 def iso(ts: float) -> str:
     """Unix seconds as an ISO time in UTC, to the second."""
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def duration(seconds: float) -> str:
-    """Seconds in the largest unit that divides them: 7776000 -> 90d."""
-    for unit, size in _UNITS:
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
