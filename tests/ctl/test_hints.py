@@ -2,8 +2,8 @@
 
 Errors end with the command that helps (`list them with llmgw ctl projects list`); a hint
 naming a noun or verb that `llmgw ctl` does not have sends the user into a usage error
-instead. This reads every mention in the package's sources and the READMEs and checks it
-against the command table that builds the argparse tree.
+instead. This reads every mention in the package's sources, its alerting rules and the READMEs
+and checks it against the command table that builds the argparse tree.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def _bad(text: str, verbs: dict[str, set[str]]) -> list[str]:
 
 def test_every_mentioned_ctl_command_exists() -> None:
     verbs = _verbs()
-    files = [*sorted((ROOT / "python" / "llmgw").rglob("*.py")), ROOT / "README.md", ROOT / "bench" / "README.md"]
+    files = [*sorted((ROOT / "python" / "llmgw").rglob("*.py")), ROOT / "python" / "llmgw" / "alerts.yaml",
+             ROOT / "README.md", ROOT / "bench" / "README.md"]
     found = 0
     bad: list[str] = []
     for f in files:
