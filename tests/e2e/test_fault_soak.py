@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from bench.procs import group_pids, rss_bytes
 
 from tests.gateway.conftest import http_get, metric_value
 from tests.procs import wait_for
@@ -59,22 +60,13 @@ def _request(url: str, key: str, fault: str | None, stream: bool, timeout: float
         return 0  # gave up (a hang) or saw the stream break (a reset)
 
 
-def _worker_pids(pid: int) -> list[int]:
-    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [pid, *map(int, kids)]
-
-
 def _fds(pid: int) -> int:
-    return sum(len(os.listdir(f"/proc/{p}/fd")) for p in _worker_pids(pid))
+    """Descriptors open in the gateway's processes (its own session: `tests.procs`)."""
+    return sum(len(os.listdir(f"/proc/{p}/fd")) for p in group_pids(pid))
 
 
 def _rss_mb(pid: int) -> float:
-    total = 0
-    for p in _worker_pids(pid):
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1])
-    return total / 1024
+    return rss_bytes(group_pids(pid)) / (1 << 20)
 
 
 def _gateway_metric(url: str, name: str, **labels: str) -> float:
