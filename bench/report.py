@@ -35,6 +35,9 @@ class Machine(msgspec.Struct, kw_only=True):
     """CPU 0's SMT siblings (itself included): 2 when the two vCPUs may share one core."""
     cpu_flags: list[str] = []
     """Of the CPU's flags, those that move the figures: SHA and AVX extensions, TSC stability."""
+    preload: str = ""
+    """LD_PRELOAD when the run started: every process the bench starts inherits it, so a shim
+    that changes what the system does (`bench/tools/sysclock.c`) is part of the result."""
 
 
 class Target(msgspec.Struct, kw_only=True):
@@ -130,6 +133,7 @@ def machine_facts() -> Machine:
         clocksource=_read("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
         threads_per_core=_cpu_count(siblings),
         cpu_flags=sorted(flags & _FLAGS_OF_NOTE),
+        preload=os.environ.get("LD_PRELOAD", ""),
     )
 
 

@@ -401,3 +401,11 @@ def test_machine_facts_say_what_moves_the_keyed_figures() -> None:
     assert m.threads_per_core >= 1
     assert set(m.cpu_flags) <= report._FLAGS_OF_NOTE
     assert [report._cpu_count(x) for x in ("0", "0-1", "0,2", "0-1,4-5", "", "junk")] == [1, 2, 2, 4, 0, 0]
+
+
+def test_machine_facts_name_a_preloaded_shim(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A run under bench/tools/sysclock.c measures another clock than the host's: it says so.
+    monkeypatch.setenv("LD_PRELOAD", "/tmp/sysclock.so")
+    assert report.machine_facts().preload == "/tmp/sysclock.so"
+    monkeypatch.delenv("LD_PRELOAD")
+    assert report.machine_facts().preload == ""
