@@ -22,9 +22,7 @@ int clock_gettime(clockid_t id, struct timespec *ts) {
     return (int)syscall(SYS_clock_gettime, id, ts);
 }
 
-int __clock_gettime(clockid_t id, struct timespec *ts) {
-    return (int)syscall(SYS_clock_gettime, id, ts);
-}
+int __clock_gettime(clockid_t id, struct timespec *ts) __attribute__((alias("clock_gettime"), copy(clock_gettime)));
 
 int gettimeofday(struct timeval *tv, void *tz) {
     return (int)syscall(SYS_gettimeofday, tv, tz);
