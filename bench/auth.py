@@ -29,8 +29,8 @@ from llmgw import _core
 from llmgw.control.limits import LimitsAuthority
 from llmgw.gateway.auth import SCHEME, KeyTable
 from llmgw.gateway.limits import Limiter
-from llmgw.secrets import HASH_LABEL, derive, key_hash
-from llmgw.wire import KeyEntry, Limits, Snapshot
+from llmgw.protocol.wire import KeyEntry, Limits, Snapshot
+from llmgw.secrets.keys import HASH_LABEL, derive, key_hash
 
 TARGET_US = 20.0
 KEYS = 10_000

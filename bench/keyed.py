@@ -27,7 +27,7 @@ from typing import Any
 
 from bench.procs import Server, free_port, group_cpu_ns
 from llmgw.cli.ctl.client import Client
-from llmgw.datadir import read_admin_token
+from llmgw.secrets.datadir import read_admin_token
 
 NAME = "llmgw-keys"
 # Far above anything two cores can send (the bench reaches ~10^4 req/s, ~4x10^5 tokens/s):

@@ -25,13 +25,13 @@ from urllib.parse import urlsplit
 import msgspec
 
 from bench.stats import percentiles
-from llmgw.deadlines import Deadlines
-from llmgw.upstream import (
+from llmgw.net.client import (
     ConnectFailed,
     Pool,
     UpstreamError,
     UpstreamTimeout,
 )
+from llmgw.net.deadlines import Deadlines
 
 PROMPT = "Say hello in one short sentence."
 

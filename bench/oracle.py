@@ -1,9 +1,9 @@
 """The oracle of the `routing` scenario: a router that knows every replica's prefix cache.
 
-It keeps one mirror of each replica's cache (`llmgw.sim.cache.PrefixCache`,
+It keeps one mirror of each replica's cache (`llmgw.engines.sim.cache.PrefixCache`,
 same block size and capacity) and feeds it the same token ids the simulator
 feeds its own: the request body tokenized with the model's tokenizer and chat
-template (`ModelTokenizer.tokens(body, True)`, as `llmgw.sim.app` does). Each
+template (`ModelTokenizer.tokens(body, True)`, as `llmgw.engines.sim.app` does). Each
 request goes to the replica whose mirror holds the longest cached prefix; ties
 go to the fewest outstanding requests, then the fewest blocks held, then the
 lowest index.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from llmgw.sim.cache import PrefixCache, Token, prompt_blocks
+from llmgw.engines.sim.cache import PrefixCache, Token, prompt_blocks
 
 Tokenize = Callable[[bytes], tuple[Token, ...]]
 

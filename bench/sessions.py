@@ -22,8 +22,8 @@ from typing import Protocol
 
 from bench.load import LoadResult, LoadSpec, _error_kind, _one, _Run, summarise
 from bench.workload import Workload
-from llmgw.deadlines import Deadlines
-from llmgw.upstream import Pool, UpstreamError
+from llmgw.net.client import Pool, UpstreamError
+from llmgw.net.deadlines import Deadlines
 
 CHAT_PATH = "/v1/chat/completions"
 

@@ -47,7 +47,7 @@ from bench.report import (
 )
 from bench.routing_report import Check, check
 from bench.runner import ROOT
-from llmgw import wire
+from llmgw.protocol import wire
 from llmgw.store import Database, connect, migrate
 from llmgw.store.usage import ingest
 from llmgw.store.usage_post import from_batch, from_json

@@ -193,7 +193,7 @@ def silent_connections(answer: bytes, seq: int, port: int) -> tuple[list[tuple[i
 @final
 class KeyIndex:
     """API keys by the keyed hash they are stored under (BLAKE2b-256 keyed with
-    `hash_key`, as `llmgw.secrets.key_hash`); each maps to the object given for it."""
+    `hash_key`, as `llmgw.secrets.keys.key_hash`); each maps to the object given for it."""
 
     def __new__(cls, hash_key: bytes, entries: list[tuple[str, Any]]) -> Self:
         """`entries` pairs a stored hash (64 hexadecimal digits) with its object. A pair
@@ -278,7 +278,7 @@ def take(memo: dict[str, Any], entry: Any, project: Any, now: float, cost: int) 
 
 @final
 class UsageRows:
-    """Finished requests' usage rows (JSON arrays in `llmgw.wire.UsageRow`'s field order),
+    """Finished requests' usage rows (JSON arrays in `llmgw.protocol.wire.UsageRow`'s field order),
     oldest first, waiting for the next post to the control plane."""
 
     def __new__(cls) -> Self: ...
@@ -396,7 +396,7 @@ class ModelTokenizer:
 
 @final
 class UsageScan:
-    """One gateway usage post (`llmgw.wire.UsageBatch` JSON) read by `scan_usage`."""
+    """One gateway usage post (`llmgw.protocol.wire.UsageBatch` JSON) read by `scan_usage`."""
 
     @property
     def gateway_id(self) -> str: ...

@@ -2,7 +2,7 @@
 //! the table from those hashes to whatever the caller keeps per key.
 //!
 //! The hash is `BLAKE2b-256` in its keyed mode, exactly `hashlib.blake2b(key,
-//! key=hash_key, digest_size=32)` (`llmgw.secrets.key_hash`), so the control plane's
+//! key=hash_key, digest_size=32)` (`llmgw.secrets.keys.key_hash`), so the control plane's
 //! stored hashes are looked up as they are. Keyed `BLAKE2b` compresses the hash key,
 //! padded to a block, before the message: that block is compressed once per table, and
 //! a lookup copies the state after it and compresses only the key's own block. (The

@@ -2,7 +2,7 @@
 //! established TCP connections of one local port whose peer has sent no byte yet.
 //!
 //! The gateway asks the kernel for its listener's connections with their `tcp_info`
-//! (`llmgw.connections.TcpDiag.silent`) and closes those that stay silent past the header
+//! (`llmgw.net.connections.TcpDiag.silent`) and closes those that stay silent past the header
 //! deadline (`llmgw.gateway.silent`). A dump answers with one message of about 400 bytes a
 //! connection; read in Python that was 2.5 µs each, 25 ms for a worker with 10,000
 //! connections. Here it is plain byte reading, with the interpreter free meanwhile.

@@ -1,5 +1,5 @@
 //! Usage rows as a gateway sends them: each finished request one JSON array, in the
-//! field order of `llmgw.wire.UsageRow`, appended to one buffer as the request ends.
+//! field order of `llmgw.protocol.wire.UsageRow`, appended to one buffer as the request ends.
 //!
 //! A row written here decodes to the same `UsageRow` as msgspec's encoding of that
 //! Struct (`tests/unit/test_usage_rows.py` holds the two side by side): strings are

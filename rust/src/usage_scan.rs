@@ -1,4 +1,4 @@
-//! A gateway's usage post (`llmgw.wire.UsageBatch` as JSON) read on the control plane
+//! A gateway's usage post (`llmgw.protocol.wire.UsageBatch` as JSON) read on the control plane
 //! without building a record per request.
 //!
 //! The ingest needs little of each finished request: its id (to count it once), when it
@@ -25,7 +25,7 @@ type Res<T> = Result<T, Declined>;
 
 /// Seconds in an hour, as the store's rollups bucket them.
 const HOUR: f64 = 3600.0;
-/// The bounds of `llmgw.wire`'s annotated numbers.
+/// The bounds of `llmgw.protocol.wire`'s annotated numbers.
 const TALLY_MAX: u64 = 1 << 53;
 const INSTANT_MAX: f64 = 1e11;
 const MILLIS_MAX: f64 = 1e12;

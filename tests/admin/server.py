@@ -26,7 +26,7 @@ class Server:
     @property
     def gateway_token(self) -> str:
         """The gateway token, derived from the data dir's secret as gateways do."""
-        from llmgw.secrets import GATEWAY_TOKEN_LABEL, derive
+        from llmgw.secrets.keys import GATEWAY_TOKEN_LABEL, derive
 
         secret = bytes.fromhex((self.data_dir / "secret").read_text().strip())
         return derive(secret, GATEWAY_TOKEN_LABEL).hex()

@@ -13,13 +13,13 @@ import msgspec
 import pytest
 from inline_snapshot import snapshot
 
-from llmgw import datadir
 from llmgw.admin.app import MAX_ADMIN_BODY, AdminApp
 from llmgw.admin.meta import ROUTES as META
 from llmgw.admin.openapi import document
 from llmgw.admin.route import ApiError, Param, Raw, Request, Route
 from llmgw.control.server import ControlPlane
 from llmgw.control.settings import ServerConfig
+from llmgw.secrets import datadir
 
 
 class Thing(msgspec.Struct, forbid_unknown_fields=True):
@@ -310,8 +310,8 @@ def test_a_usage_batch_is_cleaned_unless_its_body_was_text_clean() -> None:
     from types import SimpleNamespace
 
     from llmgw.admin import internal
+    from llmgw.protocol.wire import UsageBatch, UsageOpen
     from llmgw.store.usage_post import Post
-    from llmgw.wire import UsageBatch, UsageOpen
 
     got: list[Post] = []
 

@@ -6,7 +6,7 @@ import time
 
 import msgspec
 
-from llmgw import wire
+from llmgw.protocol import wire
 from tests.admin.server import Server, scrape
 from tests.store.usage_util import final, opened
 

@@ -7,8 +7,8 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from llmgw.agent.engines import Launch
 from llmgw.agent.process import LineSink
+from llmgw.engines.launch import Launch
 
 
 class FakeClock:

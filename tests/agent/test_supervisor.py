@@ -7,8 +7,8 @@ import signal
 
 import msgspec
 
-from llmgw.agent.engines import LaunchRequest
 from llmgw.agent.supervisor import ReplicaInfo, Supervisor, SupervisorSettings
+from llmgw.engines.launch import LaunchRequest
 from tests.agent.fakes import FakeClock, FakeEngines, sync
 
 REQ = LaunchRequest(replica_id="r1", model="m", engine="sim", port=0, host="")

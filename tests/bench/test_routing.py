@@ -174,8 +174,8 @@ def test_metrics_are_parsed_and_differenced() -> None:
 
 
 def test_the_simulators_own_metrics_parse() -> None:
-    from llmgw.sim.cache import PrefixCache
-    from llmgw.sim.metrics import SimMetrics
+    from llmgw.engines.sim.cache import PrefixCache
+    from llmgw.engines.sim.metrics import SimMetrics
 
     cache = PrefixCache(4, 10)
     cache.query(tuple(range(8)))

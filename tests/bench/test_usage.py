@@ -7,8 +7,8 @@ from pathlib import Path
 import msgspec
 from bench.usage import Run, UsageResult, _batches, _checks, markdown
 
+from llmgw.protocol.wire import UsageBatch
 from llmgw.store.usage_post import from_json
-from llmgw.wire import UsageBatch
 
 
 def _decoded(posts: list[bytes]) -> list[UsageBatch]:

@@ -12,8 +12,8 @@ from llmgw.control.catalog import Model, Profile, Source
 from llmgw.control.fleet import Fleet, NodeFacts, Registration, Status
 from llmgw.control.inventory import Gpu, Replica
 from llmgw.control.settings import Settings
+from llmgw.protocol.wire import Snapshot
 from llmgw.store import connect, migrate
-from llmgw.wire import Snapshot
 
 GiB = 2**30
 MODEL = Model(name="m", source=Source(repo="o/m"), min_replicas=1, profiles=[

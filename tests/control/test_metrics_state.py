@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from llmgw.control.limits import LimitsAuthority
 from llmgw.control.metrics import _fleet, _limits
-from llmgw.wire import LeaseAsk, LeaseRequest, Limits
+from llmgw.protocol.wire import LeaseAsk, LeaseRequest, Limits
 
 
 def _samples(families: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from llmgw.cli.ctl.client import Client
-from llmgw.datadir import read_admin_token
+from llmgw.secrets.datadir import read_admin_token
 from tests.procs import Proc, free_port, start_process
 
 SERVER_READY = "llmgw control plane listening on"
@@ -77,7 +77,7 @@ class Cluster:
     def sim(self, *args: str) -> Proc:
         """A simulator serving sim-model."""
         port = free_port()
-        return self._start([sys.executable, "-m", "llmgw.sim", "--port", str(port),
+        return self._start([sys.executable, "-m", "llmgw.engines.sim", "--port", str(port),
                             "--model", "sim-model", *args], SIM_READY)
 
     def gateway(self, sim: Proc, workers: int = 1) -> Proc:

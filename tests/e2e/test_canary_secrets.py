@@ -18,8 +18,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from llmgw.datadir import read_admin_token, read_secret
-from llmgw.secrets import GATEWAY_TOKEN_LABEL, derive
+from llmgw.secrets.datadir import read_admin_token, read_secret
+from llmgw.secrets.keys import GATEWAY_TOKEN_LABEL, derive
 
 from .conftest import Cluster
 

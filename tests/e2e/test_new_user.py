@@ -23,7 +23,7 @@ from typing import Any
 import openai
 
 from llmgw.cli.ctl.client import Client
-from llmgw.datadir import read_admin_token
+from llmgw.secrets.datadir import read_admin_token
 from tests.procs import free_port, start_process, wait_for
 
 REVOKE_DEADLINE = 2.0

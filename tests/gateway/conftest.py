@@ -21,7 +21,7 @@ def start_sim(*args: str) -> Proc:
     """A simulator process on a free port."""
     port = free_port()
     return start_process(
-        [sys.executable, "-m", "llmgw.sim", "--port", str(port), *args], SIM_READY, port=port
+        [sys.executable, "-m", "llmgw.engines.sim", "--port", str(port), *args], SIM_READY, port=port
     )
 
 

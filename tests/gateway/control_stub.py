@@ -26,8 +26,7 @@ from llmgw.admin.internal import ROUTES
 from llmgw.admin.route import ApiError, Raw, Request
 from llmgw.control.limits import LimitsAuthority
 from llmgw.control.snapshots import SnapshotPublisher
-from llmgw.secrets import GATEWAY_TOKEN_LABEL, HASH_LABEL, derive, key_hash
-from llmgw.wire import (
+from llmgw.protocol.wire import (
     KeyEntry,
     LeaseReply,
     LeaseRequest,
@@ -38,6 +37,7 @@ from llmgw.wire import (
     UsageBatch,
     WakeReply,
 )
+from llmgw.secrets.keys import GATEWAY_TOKEN_LABEL, HASH_LABEL, derive, key_hash
 
 T = TypeVar("T")
 

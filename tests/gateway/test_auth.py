@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from llmgw.wire import NULL, UsageBatch
+from llmgw.protocol.wire import NULL, UsageBatch
 from tests.procs import Proc
 
 from .conftest import Gateway
@@ -175,7 +175,7 @@ def test_the_publisher_answers_a_long_poll_as_soon_as_the_version_changes() -> N
     import asyncio
 
     from llmgw.control.snapshots import SnapshotPublisher
-    from llmgw.wire import Snapshot
+    from llmgw.protocol.wire import Snapshot
 
     async def main() -> None:
         pub = SnapshotPublisher()
@@ -244,7 +244,7 @@ def test_usage_waits_out_a_refusing_control_plane_and_ships_on_sigterm(
         gateway_factory: Callable[..., Gateway], sim: Proc, control: ControlStub) -> None:
     import signal
 
-    from llmgw.wire import Limits
+    from llmgw.protocol.wire import Limits
 
     key, entry = control.add_key(limits=Limits(concurrency=5))
     gw = start_authed(gateway_factory, sim.url, control)
@@ -265,7 +265,7 @@ def test_usage_waits_out_a_refusing_control_plane_and_ships_on_sigterm(
 
 
 def _rec(i: int, body: bytes | None = None) -> object:
-    from llmgw.wire import UsageRecord
+    from llmgw.protocol.wire import UsageRecord
 
     return UsageRecord(request_id=f"r{i}", model="m", upstream_model="m", replica="r1", status="ok",
                        http_status=200, stream=False, prompt_tokens=1, completion_tokens=1,
@@ -279,7 +279,7 @@ def test_usage_sink_keeps_what_failed_drops_what_was_refused_and_splits_large_ba
     import msgspec
 
     from llmgw.gateway import usage
-    from llmgw.wire import UsageBatch
+    from llmgw.protocol.wire import UsageBatch
 
     async def main() -> None:
         got: list[UsageBatch] = []

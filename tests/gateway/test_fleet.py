@@ -15,9 +15,9 @@ from llmgw.config import Endpoint, Health
 from llmgw.gateway.fleet import Catalog, diff_replicas
 from llmgw.gateway.replicas import ReplicaSet
 from llmgw.gateway.wake import Waker, WakeRefused
+from llmgw.net.client import Pool
+from llmgw.protocol.wire import ModelEntry, ReplicaEntry, WakeReply, WakeRequest
 from llmgw.store.errors import Invalid, NotFound, TenancyError
-from llmgw.upstream import Pool
-from llmgw.wire import ModelEntry, ReplicaEntry, WakeReply, WakeRequest
 
 
 def rep(rid: str, model: str = "m", port: int = 9000, key: str | None = "k") -> ReplicaEntry:

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from llmgw.admin.route import ApiError
-from llmgw.wire import ModelEntry, ReplicaEntry
+from llmgw.protocol.wire import ModelEntry, ReplicaEntry
 from tests.procs import Proc
 
 from .conftest import Gateway, start_sim

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.wire import Limits
+from llmgw.protocol.wire import Limits
 from tests.procs import Proc
 
 from .conftest import Gateway, http_get, metric_value, start_sim

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from llmgw.control.limits import WINDOW, LimitsAuthority
 from llmgw.gateway.limits import INTERVAL, is_cut_off
-from llmgw.wire import LeaseAsk, LeaseRequest, Limits
+from llmgw.protocol.wire import LeaseAsk, LeaseRequest, Limits
 
 SCOPE = "key:key_x"
 RPM, CONC, TPM = 12, 3, 400

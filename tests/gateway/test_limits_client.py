@@ -8,7 +8,7 @@ import pytest
 
 from llmgw.control.limits import LimitsAuthority
 from llmgw.gateway.limits import FREE, Denied, Limiter, Unavailable
-from llmgw.wire import KeyEntry, LeaseAsk, LeaseReply, LeaseRequest, Limits
+from llmgw.protocol.wire import KeyEntry, LeaseAsk, LeaseReply, LeaseRequest, Limits
 
 
 def _entry(limits: Limits) -> KeyEntry:

@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-from llmgw.sim.cache import PrefixCache, block_hash
-from llmgw.sim.config import ENV_VAR, SimConfig, from_env, to_env
-from llmgw.sim.faults import Fault, FaultError, parse
-from llmgw.sim.kv import RecordingSink
-from llmgw.sim.metrics import SimMetrics
-from llmgw.sim.text import TOKENS, detokenize, embed, generate
+from llmgw.engines.sim.cache import PrefixCache, block_hash
+from llmgw.engines.sim.config import ENV_VAR, SimConfig, from_env, to_env
+from llmgw.engines.sim.faults import Fault, FaultError, parse
+from llmgw.engines.sim.kv import RecordingSink
+from llmgw.engines.sim.metrics import SimMetrics
+from llmgw.engines.sim.text import TOKENS, detokenize, embed, generate
 
 
 def words(n: int, prefix: str = "w") -> list[str]:

@@ -11,7 +11,7 @@ import msgspec
 
 from llmgw.admin import audit, keys, tenancy
 from llmgw.admin.route import ApiError, Request, Route
-from llmgw.secrets import HASH_LABEL, derive
+from llmgw.secrets.keys import HASH_LABEL, derive
 from llmgw.store import Database
 
 ROUTES: list[Route] = [*tenancy.ROUTES, *keys.ROUTES, *audit.ROUTES]

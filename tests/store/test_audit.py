@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw.protocol.wire import Limits
 from llmgw.store import Database, audit
 from llmgw.store import keys as k
 from llmgw.store import tenancy as t
 from llmgw.store.errors import Invalid, Taken
 from llmgw.store.removals import delete_user, remove_member
 from llmgw.store.users import add_member, create_user, update_user
-from llmgw.wire import Limits
 
 from .test_keys import HASH_KEY
 from .util import with_db

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from llmgw.secrets import parse_join_token
+from llmgw.secrets.keys import parse_join_token
 from llmgw.store import Database, joins
 from llmgw.store import fleet as f
 from llmgw.store.audit import query

@@ -8,8 +8,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from llmgw import wire
-from llmgw.secrets import derive, key_hash
+from llmgw.protocol import wire
+from llmgw.protocol.wire import Limits
+from llmgw.secrets.keys import derive, key_hash
 from llmgw.store import Database, audit
 from llmgw.store import keys as k
 from llmgw.store import tenancy as t
@@ -18,7 +19,6 @@ from llmgw.store.removals import delete_user, remove_member
 from llmgw.store.snapshot import build_snapshot, snapshot_version, touch_keys
 from llmgw.store.usage import ingest
 from llmgw.store.users import add_member, create_user
-from llmgw.wire import Limits
 
 from .util import with_db
 

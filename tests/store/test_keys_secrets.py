@@ -10,7 +10,7 @@ import pytest
 
 from llmgw.admin.route import Route
 from llmgw.durations import format_duration, parse_duration, spoken_duration
-from llmgw.secrets import HASH_LABEL, Secret, derive, key_hash, key_prefix, new_api_key
+from llmgw.secrets.keys import HASH_LABEL, Secret, derive, key_hash, key_prefix, new_api_key
 
 from .api import ROUTES
 

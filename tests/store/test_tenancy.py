@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw.protocol.wire import Limits
 from llmgw.store import Database
 from llmgw.store import tenancy as t
 from llmgw.store.errors import Invalid, NotFound, Taken
 from llmgw.store.snapshot import snapshot_version
 from llmgw.store.users import add_member, create_user, list_members
-from llmgw.wire import Limits
 
 from .util import with_db
 
@@ -184,7 +184,7 @@ def test_deleting_a_scope_drops_its_memberships(store_url: str) -> None:
 def test_concurrent_changes_serialize(store_url: str) -> None:
     import asyncio
 
-    from llmgw.secrets import HASH_LABEL, derive
+    from llmgw.secrets.keys import HASH_LABEL, derive
     from llmgw.store.keys import issue_key
     from llmgw.store.snapshot import build_snapshot
 

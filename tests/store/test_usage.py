@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from llmgw import wire
+from llmgw.protocol import wire
 from llmgw.store import Database
 from llmgw.store.requests import NotKept, RequestBody, request_body, request_view
 from llmgw.store.usage import ingest, prune, settle_gateway, settle_stale, usage_by_scope

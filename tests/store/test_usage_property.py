@@ -104,7 +104,7 @@ async def _play(db: Database, events: list[tuple[str, int, list[tuple[str, int]]
 
 
 def _batch(g: int, items: list[tuple[str, int]]) -> Any:
-    from llmgw import wire
+    from llmgw.protocol import wire
 
     return wire.UsageBatch(
         gateway_id=f"gw{g}",
@@ -158,7 +158,7 @@ def test_concurrent_ingests_and_settles_count_once(store_url: str) -> None:
             await migrate(db)
             opens = [_open(i) for i in range(N)]
             finals = [_final(i) for i in range(N) if i % 2 == 0]
-            from llmgw import wire
+            from llmgw.protocol import wire
 
             await ingest(db, wire.UsageBatch(gateway_id="gw0", opens=opens), T0)
             # distinct gateway ids, or the gateways row lock would serialize the ingests

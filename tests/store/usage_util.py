@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from llmgw import wire
+from llmgw.protocol import wire
 from llmgw.store import Database
 from llmgw.store.usage_post import Post, from_batch, from_json
 

@@ -6,7 +6,7 @@ import pytest
 
 from llmgw import _core
 from llmgw.gateway.limits import FREE, Denied, Share, TokenLease
-from llmgw.wire import KeyEntry, Limits
+from llmgw.protocol.wire import KeyEntry, Limits
 
 NOW = 100.0
 

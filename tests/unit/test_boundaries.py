@@ -16,18 +16,26 @@ import llmgw
 
 ROOT = Path(llmgw.__file__).parent
 
+SHARED: tuple[str, ...] = ("llmgw.admin", "llmgw.agent", "llmgw.cli", "llmgw.control", "llmgw.engines",
+                          "llmgw.gateway", "llmgw.store")
+"""The roles: what the shared layer (net/, protocol/, secrets/) never imports."""
+
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "admin": ("llmgw.gateway",),
     "agent": ("llmgw.control", "llmgw.gateway", "llmgw.store"),
     "control": ("llmgw.gateway",),
+    "engines": ("llmgw.admin", "llmgw.agent", "llmgw.control", "llmgw.gateway", "llmgw.store"),
+    "engines/sim": ("llmgw.gateway", "llmgw.cli"),
     "gateway": ("llmgw.control", "llmgw.admin", "llmgw.store"),
-    "sim": ("llmgw.gateway", "llmgw.cli"),
+    "net": SHARED,
+    "protocol": SHARED,
+    "secrets": SHARED,
     "store": ("llmgw.gateway", "llmgw.admin"),
 }
 """Package -> the modules it must not import, as its `__init__.py` docstring says."""
 
 LAZY_ONLY: dict[str, tuple[str, ...]] = {
-    "sim": ("llmgw._core",),
+    "engines/sim": ("llmgw._core",),
 }
 """Package -> modules it may import only inside a function, never when it is imported itself
 (the simulator runs without the Rust core unless a config names a real tokenizer)."""
@@ -113,8 +121,8 @@ def test_the_reader_finds_lazy_and_relative_imports_and_skips_type_checking_ones
            "from . import cache\n"
            "if TYPE_CHECKING:\n    from llmgw.cli import main\n"
            "def f():\n    import llmgw._core\n")
-    got = _imports(src, "llmgw.sim")
+    got = _imports(src, "llmgw.engines.sim")
     assert ("llmgw.gateway", 2, True) in got
-    assert ("llmgw.sim.cache", 3, True) in got
+    assert ("llmgw.engines.sim.cache", 3, True) in got
     assert ("llmgw._core", 7, False) in got
     assert not any(_within(m, "llmgw.cli") for m, _, _ in got)

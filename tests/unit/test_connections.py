@@ -1,4 +1,4 @@
-"""llmgw.connections: a connection found by its two addresses, as RSGI scopes give them."""
+"""llmgw.net.connections: a connection found by its two addresses, as RSGI scopes give them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 import sys
 import time
 
-from llmgw.connections import TcpDiag, address, descriptors, listener_families, shutdown_silent
-from llmgw.silent import SilentSweep
+from llmgw.net.connections import TcpDiag, address, descriptors, listener_families, shutdown_silent
+from llmgw.net.silent import SilentSweep
 
 
 def _pair(family: int = socket.AF_INET, host: str = "127.0.0.1") -> tuple[socket.socket, socket.socket]:

@@ -1,4 +1,4 @@
-"""Deadlines on one loop timer (llmgw/deadlines.py): a fake loop for the wheel's arithmetic, a
+"""Deadlines on one loop timer (llmgw/net/deadlines.py): a fake loop for the wheel's arithmetic, a
 real one for the task cancellation it stands in for `asyncio.timeout` with."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.deadlines import Deadlines
+from llmgw.net.deadlines import Deadlines
 
 
 class _Handle:

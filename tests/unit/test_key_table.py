@@ -7,8 +7,8 @@ import time
 import pytest
 
 from llmgw.gateway.auth import IN_QUERY, MALFORMED, NO_KEY, SCHEME, UNKNOWN, KeyTable, Unauthorized
-from llmgw.secrets import HASH_LABEL, derive, key_hash
-from llmgw.wire import KeyEntry, Snapshot
+from llmgw.protocol.wire import KeyEntry, Snapshot
+from llmgw.secrets.keys import HASH_LABEL, derive, key_hash
 
 HASH_KEY = derive(b"s" * 32, HASH_LABEL)
 KEY = "sk-llmgw-" + "a1B2_-" * 6 + "zzzz"

@@ -11,8 +11,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from llmgw.llamacpp.app import Body, Counter
-from llmgw.llamacpp.config import ModelSourceError, resolve_gguf
+from llmgw.engines.llamacpp.app import Body, Counter
+from llmgw.engines.llamacpp.config import ModelSourceError, resolve_gguf
 
 EOG = 99
 
@@ -67,7 +67,7 @@ def test_without_llama_cpp_both_commands_give_the_portable_install(
     import argparse
 
     from llmgw.cli import up
-    from llmgw.llamacpp import cli
+    from llmgw.engines.llamacpp import cli
 
     monkeypatch.setattr(up, "llamacpp_installed", lambda: False)
     assert up.run(argparse.Namespace(engine="llamacpp")) == 2
@@ -86,7 +86,7 @@ def test_the_readme_and_the_makefile_build_with_the_flags_the_commands_print() -
     would have a user, or CI, build llama.cpp differently from what the others say."""
     import re
 
-    from llmgw.llamacpp import INSTALL
+    from llmgw.engines.llamacpp import INSTALL
 
     root = Path(__file__).resolve().parents[2]
     found = re.search(r'CMAKE_ARGS="([^"]+)"', INSTALL)
@@ -102,8 +102,8 @@ def test_the_readme_and_the_makefile_build_with_the_flags_the_commands_print() -
 def test_load_evaluates_one_token_before_the_port_opens(monkeypatch: pytest.MonkeyPatch) -> None:
     """A build that faults on its first evaluation must die at start, not on a client's request;
     the evaluation leaves no state behind for the first prompt."""
-    from llmgw.llamacpp.app import load
-    from llmgw.llamacpp.config import LlamaConfig
+    from llmgw.engines.llamacpp.app import load
+    from llmgw.engines.llamacpp.config import LlamaConfig
 
     calls: list[object] = []
 

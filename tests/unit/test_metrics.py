@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.gateway import usage
 from llmgw.gateway.metrics import Metrics, forget_dead_workers
-from llmgw.wire import UsageRecord
+from llmgw.protocol.wire import UsageRecord
 
 # (model, status, duration, ttft, prompt, completion): bucket bounds exactly, between them,
 # past the last one, with and without a first token and tokens.

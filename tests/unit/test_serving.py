@@ -1,4 +1,4 @@
-"""The ready line every llmgw server prints (llmgw.serving)."""
+"""The ready line every llmgw server prints (llmgw.net.serving)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from llmgw.serving import YOUNG_COLLECTION_EVERY, announce_when_listening
+from llmgw.net.serving import YOUNG_COLLECTION_EVERY, announce_when_listening
 
 
 def test_the_ready_line_waits_for_an_answer_not_for_the_port(capfd: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from llmgw import _core
 from llmgw.gateway.proxy import _millis
-from llmgw.wire import NULL, UsageBatch, UsageRow
+from llmgw.protocol.wire import NULL, UsageBatch, UsageRow
 
 _ROWS = msgspec.json.Decoder(list[UsageRow])
 ROUTE = '{"policy":"least_load","kind":"least_load","matched":0,"candidates":[{"index":0,"load":3}]}'

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from llmgw import _core
 from llmgw.gateway.usage import _Outgoing
+from llmgw.protocol.wire import NULL, UsageBatch, UsageOpen, UsageRow
 from llmgw.store.usage_post import Post, from_batch, from_json
 from llmgw.store.usage_report import hour_of
-from llmgw.wire import NULL, UsageBatch, UsageOpen, UsageRow
 
 text = st.text(max_size=30)
 maybe = st.none() | text

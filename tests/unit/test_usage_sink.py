@@ -7,7 +7,7 @@ import asyncio
 import msgspec
 
 from llmgw.gateway.usage import MAX_BATCH_RECORDS, UsageSink
-from llmgw.wire import UsageBatch, UsageOpen, UsageRecord, UsageRow
+from llmgw.protocol.wire import UsageBatch, UsageOpen, UsageRecord, UsageRow
 
 
 def _open(rid: str) -> UsageOpen:
@@ -97,7 +97,7 @@ def test_an_open_queued_during_a_post_is_kept_for_the_next_one() -> None:
 def test_the_proxy_builds_records_in_field_order_and_opens_only_when_sent() -> None:
     """The gateway builds UsageRecord positionally: its fields must stay in this order."""
     from llmgw.gateway.proxy import Call
-    from llmgw.wire import KeyEntry, Limits
+    from llmgw.protocol.wire import KeyEntry, Limits
 
     assert UsageRecord.__struct_fields__[:21] == (
         "request_id", "model", "upstream_model", "replica", "status", "http_status", "stream",

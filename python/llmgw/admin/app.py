@@ -24,11 +24,11 @@ from urllib.parse import parse_qsl
 
 import msgspec
 
-from llmgw import datadir
 from llmgw.control.metrics import ROUTE_FORWARDED, ROUTE_UNMATCHED
 from llmgw.control.server import token_digest
-from llmgw.serving import read_body
-from llmgw.silent import SilentSweep
+from llmgw.net.serving import read_body
+from llmgw.net.silent import SilentSweep
+from llmgw.secrets import datadir
 from llmgw.store.db import Conflict, StoreError
 
 from .answers import CSV, JSON, csv_body, error_json, json_body, truncate

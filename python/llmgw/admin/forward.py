@@ -7,7 +7,7 @@ content type, request id) and gives back the leader's status, body and headers.
 Tokens are checked by the leader: both control planes derive them from the same
 data dir.
 
-It is sent with the project's HTTP/1.1 client (`llmgw.upstream.fetch`, on the
+It is sent with the project's HTTP/1.1 client (`llmgw.net.client.fetch`, on the
 running loop: uvloop under granian), the project's one HTTP client. One connection
 per request, closed after the answer (a `Pool` that keeps none): forwarding is for
 the moments after a failover and for clients that know only a standby, not a hot
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from urllib.parse import urlsplit
 
-from llmgw.upstream import (
+from llmgw.net.client import (
     ConnectFailed,
     ConnectionBroken,
     Pool,

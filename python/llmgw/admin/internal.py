@@ -8,8 +8,15 @@ and `wake(model)` (scale from zero; absent where the control plane places nothin
 
 from __future__ import annotations
 
+from llmgw.protocol.wire import (
+    LeaseReply,
+    LeaseRequest,
+    Snapshot,
+    UsageBatch,
+    WakeReply,
+    WakeRequest,
+)
 from llmgw.store.usage_post import Post, from_batch, from_json
-from llmgw.wire import LeaseReply, LeaseRequest, Snapshot, UsageBatch, WakeReply, WakeRequest
 
 from .route import ApiError, Param, Raw, Request, Route
 from .store_errors import mapped

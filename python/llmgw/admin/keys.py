@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from msgspec import UNSET, Struct, UnsetType
 
+from llmgw.protocol.wire import Limits
 from llmgw.store import keys
 from llmgw.store.views import IssuedKey, KeyView
-from llmgw.wire import Limits
 
 from .route import ApiError, Param, Request, Route
 from .store_errors import Duration, Name, Ref, flag, mapped, seconds

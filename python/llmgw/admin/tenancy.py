@@ -12,9 +12,9 @@ from typing import Annotated
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
+from llmgw.protocol.wire import Limits
 from llmgw.store import removals, tenancy, users
 from llmgw.store.views import MemberView, OrgView, ProjectView, Role, TeamView, UserView
-from llmgw.wire import Limits
 
 from .route import ApiError, Param, Request, Route
 from .store_errors import Duration, Email, Name, Ref, mapped, path_ref, seconds

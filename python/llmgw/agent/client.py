@@ -27,9 +27,9 @@ import msgspec
 from llmgw import __version__, config
 from llmgw.agent import wire
 from llmgw.agent.clock import Clock, RealClock
-from llmgw.agent.engines import available_engines
 from llmgw.agent.inventory import HostFacts, Inventory, sample_load
 from llmgw.agent.supervisor import ReplicaInfo, Supervisor
+from llmgw.engines.launch import available_engines
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1.agent_pb2_grpc import AgentServiceStub
 

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from llmgw.config import url_host
-from llmgw.secrets import parse_join_token
+from llmgw.secrets.keys import parse_join_token
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1.agent_pb2_grpc import AgentServiceStub
 

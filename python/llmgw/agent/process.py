@@ -8,7 +8,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from llmgw.agent.engines import Launch
+from llmgw.engines.launch import Launch
 
 LineSink = Callable[[str], None]
 

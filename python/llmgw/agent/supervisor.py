@@ -21,9 +21,9 @@ from typing import Literal
 import msgspec
 
 from llmgw.agent.clock import Clock, RealClock, race
-from llmgw.agent.engines import KV_EVENTS, Launch, LaunchRequest, UnknownEngineError, build_launch
-from llmgw.agent.probe import http_probe
 from llmgw.agent.process import EngineProcess, Spawn, describe_exit, spawn
+from llmgw.engines.launch import KV_EVENTS, Launch, LaunchRequest, UnknownEngineError, build_launch
+from llmgw.engines.probe import http_probe
 
 State = Literal["pending", "starting", "ready", "draining", "stopped", "parked"]
 Probe = Callable[[Launch], Awaitable[bool]]

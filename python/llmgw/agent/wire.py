@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from llmgw.agent.engines import LaunchRequest
 from llmgw.agent.inventory import GpuInfo, GpuSample, HostFacts, Inventory
 from llmgw.agent.supervisor import ReplicaInfo, State
+from llmgw.engines.launch import LaunchRequest
 from llmgw.v1 import agent_pb2 as pb
 
 STATES: dict[State, pb.ReplicaState.ValueType] = {

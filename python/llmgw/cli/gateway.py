@@ -22,7 +22,7 @@ from llmgw.config import (
     read_server_yaml,
     validate_server,
 )
-from llmgw.serving import serve_app
+from llmgw.net.serving import serve_app
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import IO
 
 from llmgw.config import ConfigError
-from llmgw.datadir import DataDirError
-from llmgw.serving import serve_app
+from llmgw.net.serving import serve_app
+from llmgw.secrets.datadir import DataDirError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +37,6 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
     migrates, and puts the process under `cpu_scheduling` (before granian forks the worker,
     which inherits it); returns the worker's config and the lock's file (held while it is
     open)."""
-    from llmgw import datadir
     from llmgw.control.settings import (
         ServerConfig,
         default_data_dir,
@@ -45,6 +44,7 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
         load_models,
         load_settings,
     )
+    from llmgw.secrets import datadir
     from llmgw.store import connect, migrate
 
     data_dir = (args.data_dir or default_data_dir()).expanduser().absolute()

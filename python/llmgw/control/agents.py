@@ -33,7 +33,7 @@ from llmgw.control.fleet import Fleet, NodeFacts, Registration, Status
 from llmgw.control.inventory import Gpu, Replica, ReplicaState, gpu_class_of
 from llmgw.control.pki import Authority, PkiError, peer_identity, pem, serial_hex
 from llmgw.control.settings import Settings, port_taken
-from llmgw.secrets import parse_join_token
+from llmgw.secrets.keys import parse_join_token
 from llmgw.store import joins
 from llmgw.store.errors import Forbidden
 from llmgw.v1 import agent_pb2 as pb

@@ -26,18 +26,18 @@ from typing import Any, Protocol
 
 import msgspec
 
-from llmgw.agent.engines import engine_key
 from llmgw.config import url_host
 from llmgw.control import placement, reconciler
 from llmgw.control.catalog import Catalog, CatalogError, Model, Profile
 from llmgw.control.inventory import LIVE, AdminState, Gpu, Node, Observed, Replica, ReplicaState
 from llmgw.control.periodic import run_periodically
 from llmgw.control.settings import Settings
+from llmgw.engines.launch import engine_key
+from llmgw.protocol.wire import ModelEntry, ReplicaEntry, Snapshot, WakeReply
 from llmgw.store import Database
 from llmgw.store import fleet as rows
 from llmgw.store.errors import Invalid, NotFound, Taken, shown
 from llmgw.store.snapshot import bump
-from llmgw.wire import ModelEntry, ReplicaEntry, Snapshot, WakeReply
 
 log = logging.getLogger("llmgw.control.fleet")
 

@@ -1,7 +1,7 @@
 """The limits authority: the one place, in the control plane's memory, where limits are counted.
 
 Gateways forward a request only against what they leased from here (see
-`llmgw.wire.LeaseAsk`), in small amounts, per key and per project:
+`llmgw.protocol.wire.LeaseAsk`), in small amounts, per key and per project:
 
 - rpm: request units. A unit counts in the scope's 60-second sliding window from
   the moment it is granted; units given back unused leave it again. So requests
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from llmgw.wire import LeaseAsk, LeaseGrant, LeaseReply, LeaseRequest, Limits
+from llmgw.protocol.wire import LeaseAsk, LeaseGrant, LeaseReply, LeaseRequest, Limits
 
 WINDOW = 60.0
 """The sliding window of rpm and tpm, in seconds."""

@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmgw import datadir
-from llmgw.secrets import GATEWAY_TOKEN_LABEL, HASH_LABEL, JOIN_HASH_LABEL, derive
+from llmgw.secrets import datadir
+from llmgw.secrets.keys import GATEWAY_TOKEN_LABEL, HASH_LABEL, JOIN_HASH_LABEL, derive
 from llmgw.store import Database, connect, migrate
 from llmgw.store.usage_post import Post
 
@@ -214,7 +214,7 @@ def create_app() -> AdminApp:
     """Granian's factory: the admin app over the route table, configured from the environment."""
     from llmgw.admin.app import AdminApp
     from llmgw.admin.table import ROUTES
-    from llmgw.serving import settle_worker_heap
+    from llmgw.net.serving import settle_worker_heap
 
     config = decode_config(os.environ[CONFIG_ENV])
     settle_worker_heap()

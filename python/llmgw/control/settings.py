@@ -37,7 +37,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     as `interrupted`. Gateways send a batch (empty when idle) every fraction of a second."""
     admin_header_timeout: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0
     """Seconds a client of the admin listener has to send its request headers: from its first
-    byte (granian), or from the connect for one that sends nothing (`llmgw/silent.py`). An
+    byte (granian), or from the connect for one that sends nothing (`llmgw/net/silent.py`). An
     idle keep-alive connection is closed after as long; a gateway posts usage and calls for
     leases several times a second, and its snapshot poll is a request in flight."""
     cpu_scheduling: Literal["batch", "normal"] = "batch"

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from llmgw.control.periodic import run_periodically
-from llmgw.wire import Snapshot
+from llmgw.protocol.wire import Snapshot
 
 POLL_WAIT = 20.0
 """Longest a long-poll waits for a change before answering with the same version."""

@@ -21,10 +21,10 @@ from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
 from llmgw.config import CONFIG_ENV, GatewayConfig, decode_gateway
-from llmgw.deadlines import Deadlines
-from llmgw.serving import read_body, settle_worker_heap
-from llmgw.silent import SilentSweep
-from llmgw.wire import Limits, Snapshot
+from llmgw.net.deadlines import Deadlines
+from llmgw.net.serving import read_body, settle_worker_heap
+from llmgw.net.silent import SilentSweep
+from llmgw.protocol.wire import Limits, Snapshot
 
 from . import body as reqbody
 from . import routing

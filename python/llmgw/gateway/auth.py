@@ -18,8 +18,8 @@ import time
 from datetime import UTC, datetime
 
 from llmgw import _core
-from llmgw.secrets import API_KEY_PREFIX
-from llmgw.wire import KeyEntry, Limits, Snapshot
+from llmgw.protocol.wire import KeyEntry, Limits, Snapshot
+from llmgw.secrets.keys import API_KEY_PREFIX
 
 from .errors import truncate
 

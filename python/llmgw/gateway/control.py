@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 import msgspec
 
 from llmgw.config import ControlPlane
-from llmgw.upstream import Pool, UpstreamError, fetch
-from llmgw.wire import LeaseReply, LeaseRequest, Snapshot, WakeRequest
+from llmgw.net.client import Pool, UpstreamError, fetch
+from llmgw.protocol.wire import LeaseReply, LeaseRequest, Snapshot, WakeRequest
 
 from .credentials import Credentials
 from .usage import BatchRejected

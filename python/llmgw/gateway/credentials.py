@@ -1,7 +1,7 @@
 """The gateway's two secrets: the token it shows the control plane and the key that hashes API keys.
 
-Both are derived from the cluster secret (`<data-dir>/secret`, read by `llmgw.datadir`)
-with `llmgw.secrets.derive` and one label per purpose, exactly as the control plane
+Both are derived from the cluster secret (`<data-dir>/secret`, read by `llmgw.secrets.datadir`)
+with `llmgw.secrets.keys.derive` and one label per purpose, exactly as the control plane
 derives them. A gateway on another machine gets them from the environment instead:
 LLMGW_GATEWAY_TOKEN and LLMGW_KEY_HASH_SECRET (hex).
 """
@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw import datadir
 from llmgw.config import ConfigError, ControlPlane
-from llmgw.secrets import GATEWAY_TOKEN_LABEL, HASH_LABEL, derive
+from llmgw.secrets import datadir
+from llmgw.secrets.keys import GATEWAY_TOKEN_LABEL, HASH_LABEL, derive
 
 TOKEN_ENV = "LLMGW_GATEWAY_TOKEN"
 HASH_KEY_ENV = "LLMGW_KEY_HASH_SECRET"

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from llmgw.wire import ModelEntry, ReplicaEntry
+from llmgw.protocol.wire import ModelEntry, ReplicaEntry
 
 
 @dataclass

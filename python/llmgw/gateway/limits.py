@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from llmgw import _core
 from llmgw.durations import spoken_duration
-from llmgw.wire import KeyEntry, LeaseAsk, LeaseGrant, LeaseReply, LeaseRequest, Limits
+from llmgw.protocol.wire import KeyEntry, LeaseAsk, LeaseGrant, LeaseReply, LeaseRequest, Limits
 
 log = logging.getLogger("llmgw.gateway")
 

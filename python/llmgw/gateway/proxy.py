@@ -18,8 +18,7 @@ import msgspec
 from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from llmgw import _core
-from llmgw.connections import TcpDiag
-from llmgw.upstream import (
+from llmgw.net.client import (
     ConnectFailed,
     ConnectionBroken,
     Exchange,
@@ -27,7 +26,8 @@ from llmgw.upstream import (
     UpstreamTimeout,
     _Cancelled,
 )
-from llmgw.wire import NULL, KeyEntry
+from llmgw.net.connections import TcpDiag
+from llmgw.protocol.wire import NULL, KeyEntry
 
 from .errors import Kind, error_body, sse_error_event, truncate
 from .replicas import Replica, ReplicaSet

@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable
 
 from llmgw import _core
 from llmgw.config import Endpoint, Health
-from llmgw.deadlines import Deadlines
-from llmgw.upstream import Pool, UpstreamError, fetch
-from llmgw.wire import ReplicaEntry
+from llmgw.net.client import Pool, UpstreamError, fetch
+from llmgw.net.deadlines import Deadlines
+from llmgw.protocol.wire import ReplicaEntry
 
 from .engine_load import parse_engine_load
 from .fleet import diff_replicas

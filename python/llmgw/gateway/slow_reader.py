@@ -7,7 +7,7 @@ The kernel still knows how far behind the client is: the bytes waiting in the co
 send queue, and the bytes the client's side has taken so far (`tcpi_bytes_acked`).
 
 Once a stream has sent `WATCH_AFTER` bytes (a long answer), the relay asks the kernel about
-its connection every `CHECK_EVERY` bytes (`llmgw.connections.TcpDiag`, by the scope's two
+its connection every `CHECK_EVERY` bytes (`llmgw.net.connections.TcpDiag`, by the scope's two
 addresses; HTTP/1.1 only, where a connection carries one answer at a time). Past `limit`
 bytes waiting (or half the send buffer, when that is less) it stops reading from the
 replica and waits for the queue to shrink. If the client's side takes no byte for `idle`
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 
-from llmgw.connections import Ends, TcpDiag, address
+from llmgw.net.connections import Ends, TcpDiag, address
 
 WATCH_AFTER = 256 << 10
 """Bytes a stream sends before its connection is watched: short answers never pay for it."""

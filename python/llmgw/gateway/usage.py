@@ -30,7 +30,7 @@ from typing import Protocol
 import msgspec
 
 from llmgw import _core
-from llmgw.wire import NULL, Instant, UsageOpen, UsageRecord, UsageRow
+from llmgw.protocol.wire import NULL, Instant, UsageOpen, UsageRecord, UsageRow
 
 log = logging.getLogger("llmgw.gateway")
 

@@ -16,7 +16,7 @@ import time
 
 import msgspec
 
-from llmgw.secrets import Secret, key_hash, new_join_token
+from llmgw.secrets.keys import Secret, key_hash, new_join_token
 
 from . import audit
 from .db import Database

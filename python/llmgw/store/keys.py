@@ -15,8 +15,8 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from llmgw.durations import format_duration
-from llmgw.secrets import key_hash, key_prefix, new_api_key
-from llmgw.wire import Limits
+from llmgw.protocol.wire import Limits
+from llmgw.secrets.keys import key_hash, key_prefix, new_api_key
 
 from . import audit
 from .db import Database, Row, update_row

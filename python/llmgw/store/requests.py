@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from llmgw.wire import NULL, UsageRecord
+from llmgw.protocol.wire import NULL, UsageRecord
 
 from .db import Database
 from .usage_rows import find_open, stored_final

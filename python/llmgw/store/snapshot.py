@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from llmgw.wire import KeyEntry, Snapshot
+from llmgw.protocol.wire import KeyEntry, Snapshot
 
 from .db import Database
 from .views import limits_of

@@ -12,7 +12,7 @@ from typing import Any
 
 from msgspec import UNSET, UnsetType
 
-from llmgw.wire import Limits
+from llmgw.protocol.wire import Limits
 
 from . import audit
 from .db import Conflict, Database, Row, update_row

@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw import wire
+from llmgw.protocol import wire
 
 from .db import Database, Row
 from .snapshot import touch_keys

@@ -18,7 +18,8 @@ from typing import Any
 
 import msgspec
 
-from llmgw import _core, wire
+from llmgw import _core
+from llmgw.protocol import wire
 
 from .usage_report import hour_of
 

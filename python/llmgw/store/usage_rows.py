@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from llmgw import wire
+from llmgw.protocol import wire
 
 from .db import Database, Row
 from .usage_post import Post

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from llmgw.wire import Limits
+from llmgw.protocol.wire import Limits
 
 Role = Literal["owner", "admin", "member", "viewer"]
 

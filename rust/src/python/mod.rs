@@ -210,7 +210,7 @@ fn patch_request<'py>(
     }
 }
 
-/// One connection's two ends, as `llmgw.connections` names them: ((ip, port), (ip, port)).
+/// One connection's two ends, as `llmgw.net.connections` names them: ((ip, port), (ip, port)).
 type Ends = ((String, u16), (String, u16));
 
 /// The established connections of local `port` whose peer has sent no byte yet, in `answer`

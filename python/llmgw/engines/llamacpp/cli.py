@@ -8,9 +8,15 @@ import sys
 from pathlib import Path
 
 from llmgw.config import url_host
-from llmgw.llamacpp import INSTALL
-from llmgw.llamacpp.config import KEY_ENV, LlamaConfig, ModelSourceError, resolve_gguf, to_env
-from llmgw.serving import serve_app
+from llmgw.engines.llamacpp import INSTALL
+from llmgw.engines.llamacpp.config import (
+    KEY_ENV,
+    LlamaConfig,
+    ModelSourceError,
+    resolve_gguf,
+    to_env,
+)
+from llmgw.net.serving import serve_app
 
 READY_PREFIX = "llmgw-llamacpp listening on"
 _D = LlamaConfig()
@@ -49,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = LlamaConfig(model_path=str(path), served_name=name, host=args.host, port=args.port,
                       n_ctx=args.ctx_size, chat_format=args.chat_format, threads=args.threads, api_key=args.api_key)
     to_env(cfg)
-    serve_app("llmgw.llamacpp.app:create_app", cfg.host, cfg.port,
+    serve_app("llmgw.engines.llamacpp.app:create_app", cfg.host, cfg.port,
               f"{READY_PREFIX} http://{url_host(cfg.host)}:{cfg.port} (model {name} from {path}, on the CPU)")
     return 0

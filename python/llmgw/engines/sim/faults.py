@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import msgspec
 
-from llmgw.connections import TcpDiag, address
+from llmgw.net.connections import TcpDiag, address
 
 HEADER = "x-sim-fault"
 
@@ -92,7 +92,7 @@ def reset_connection(client: str, server: str) -> bool:
 
     RSGI has no way to abort a response: an exception raised after
     `response_stream` still ends the chunked body cleanly. So the connection is
-    shut down by its (local, peer) addresses (`llmgw.connections`); the peer then
+    shut down by its (local, peer) addresses (`llmgw.net.connections`); the peer then
     sees EOF mid-body (no terminating chunk), or EOF before any status line if no
     response was started. Linux only. Returns False if it was not found.
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from llmgw.sim.cache import PrefixCache
+from llmgw.engines.sim.cache import PrefixCache
 
 # vLLM's buckets for vllm:time_to_first_token_seconds.
 TTFT_BUCKETS: tuple[float, ...] = (

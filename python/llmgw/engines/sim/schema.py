@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from llmgw.sim.text import TOKENS_JSON
+from llmgw.engines.sim.text import TOKENS_JSON
 
 encode = msgspec.json.Encoder().encode
 DONE = b"data: [DONE]\n\n"

@@ -7,8 +7,8 @@ import os
 import sys
 
 from llmgw.config import url_host
-from llmgw.serving import serve_app
-from llmgw.sim.config import ENV_VAR, SimConfig, to_env
+from llmgw.engines.sim.config import ENV_VAR, SimConfig, to_env
+from llmgw.net.serving import serve_app
 
 READY_PREFIX = "llmgw-sim listening on"
 _D = SimConfig()  # defaults live in SimConfig only
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ[ENV_VAR] = to_env(config)
     # granian binds on Linux inside each worker (SO_REUSEPORT), so the port refuses
     # connections until a worker is up: the line comes once a connect succeeds.
-    serve_app("llmgw.sim.app:create_app", config.host, config.port,
+    serve_app("llmgw.engines.sim.app:create_app", config.host, config.port,
               f"{READY_PREFIX} http://{url_host(config.host)}:{config.port} (SIMULATED engine, no GPU)",
               workers=config.workers)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from urllib.parse import urlsplit
 
-from llmgw.agent.engines import Launch
+from llmgw.engines.launch import Launch
 
 PROBE_TIMEOUT_S = 2.0
 

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
 
-from llmgw.sim.kv import KvEventSink, NullSink
+from llmgw.engines.sim.kv import KvEventSink, NullSink
 
 ROOT_HASH = 0
 # Tokens come from str.split(), which treats \x1f as whitespace, so it cannot occur

@@ -1,11 +1,11 @@
-"""`python -m llmgw.llamacpp`: the llama.cpp engine standalone (what the agent starts)."""
+"""`python -m llmgw.engines.llamacpp`: the llama.cpp engine standalone (what the agent starts)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from llmgw.llamacpp.cli import configure, run
+from llmgw.engines.llamacpp.cli import configure, run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,8 @@ from typing import Protocol
 
 from granian.rsgi import Scope
 
-from llmgw.sim.faults import Fault
-from llmgw.sim.schema import Message
+from llmgw.engines.sim.faults import Fault
+from llmgw.engines.sim.schema import Message
 
 
 class HttpError(Exception):

@@ -22,18 +22,18 @@ from granian._granian import RSGIHTTPProtocol as HTTPProtocol
 from granian._granian import RSGIProtocolClosed as ProtocolClosed
 from granian.rsgi import Scope
 
-from llmgw.sim.cache import PrefixCache
-from llmgw.sim.config import SimConfig, from_env
-from llmgw.sim.faults import HEADER, Fault, FaultError, parse, reset_connection
-from llmgw.sim.jobs import HttpError, Job, Send, fault_point, prompt_texts, render_chat
-from llmgw.sim.kv import KvEventSink
+from llmgw.engines.sim.cache import PrefixCache
+from llmgw.engines.sim.config import SimConfig, from_env
+from llmgw.engines.sim.faults import HEADER, Fault, FaultError, parse, reset_connection
+from llmgw.engines.sim.jobs import HttpError, Job, Send, fault_point, prompt_texts, render_chat
+from llmgw.engines.sim.kv import KvEventSink
 
 if TYPE_CHECKING:
     from llmgw._core import ModelTokenizer
-    from llmgw.sim.kv_zmq import ZmqPublisher
-from llmgw.sim.metrics import CONTENT_TYPE as METRICS_TYPE
-from llmgw.sim.metrics import SimMetrics
-from llmgw.sim.schema import (
+    from llmgw.engines.sim.kv_zmq import ZmqPublisher
+from llmgw.engines.sim.metrics import CONTENT_TYPE as METRICS_TYPE
+from llmgw.engines.sim.metrics import SimMetrics
+from llmgw.engines.sim.schema import (
     DONE,
     STREAM_ERROR,
     UNAUTHORIZED,
@@ -46,7 +46,7 @@ from llmgw.sim.schema import (
     error_type,
     usage,
 )
-from llmgw.sim.text import detokenize, embedding_data, generate
+from llmgw.engines.sim.text import detokenize, embedding_data, generate
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -91,7 +91,7 @@ class SimApp:
         """Per worker, after granian forked it: open the KV-event sockets."""
         cfg = self.cfg
         if cfg.kv_events_endpoint:
-            from llmgw.sim.kv_zmq import ZmqPublisher
+            from llmgw.engines.sim.kv_zmq import ZmqPublisher
 
             self.publisher = ZmqPublisher(
                 cfg.kv_events_endpoint, cfg.kv_replay_endpoint, encoding=cfg.kv_events_encoding,

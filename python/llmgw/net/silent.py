@@ -14,7 +14,7 @@ worker's that have stayed so for the deadline: such a connection has no request,
 is cut short. Its client sees the connection end, as an idle keep-alive connection's does at
 the same deadline. It runs on a thread of its own: a sweep reads one kernel message per
 connection (about 2 µs each), which the event loop should not wait for. Linux only, like
-`llmgw.connections`; elsewhere nothing is swept.
+`llmgw.net.connections`; elsewhere nothing is swept.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from llmgw.connections import Ends, TcpDiag, descriptors, listener_families, shutdown_silent
+from llmgw.net.connections import Ends, TcpDiag, descriptors, listener_families, shutdown_silent
 
-log = logging.getLogger("llmgw.silent")
+log = logging.getLogger("llmgw.net.silent")
 
 MAX_INTERVAL = 2.0
 """Seconds between sweeps at most: a silent connection is closed within `after` + twice this."""

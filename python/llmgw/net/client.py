@@ -24,7 +24,7 @@ from typing import Final
 
 import httptools
 
-from llmgw.deadlines import Deadlines
+from llmgw.net.deadlines import Deadlines
 
 
 class UpstreamError(Exception):

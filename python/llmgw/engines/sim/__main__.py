@@ -1,11 +1,11 @@
-"""`python -m llmgw.sim`: run the engine simulator standalone."""
+"""`python -m llmgw.engines.sim`: run the engine simulator standalone."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from llmgw.sim.cli import configure, run
+from llmgw.engines.sim.cli import configure, run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,11 +32,18 @@ import msgspec
 from granian._granian import RSGIHTTPProtocol as HTTPProtocol
 from granian.rsgi import Scope
 
-from llmgw.llamacpp.config import LlamaConfig, from_env
-from llmgw.serving import read_body
-from llmgw.sim.jobs import HttpError
-from llmgw.sim.metrics import escape_label
-from llmgw.sim.schema import DONE, UNAUTHORIZED, StreamOptions, error_body, error_type, usage
+from llmgw.engines.llamacpp.config import LlamaConfig, from_env
+from llmgw.engines.sim.jobs import HttpError
+from llmgw.engines.sim.metrics import escape_label
+from llmgw.engines.sim.schema import (
+    DONE,
+    UNAUTHORIZED,
+    StreamOptions,
+    error_body,
+    error_type,
+    usage,
+)
+from llmgw.net.serving import read_body
 
 JSON = "application/json"
 SSE = "text/event-stream"

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 import msgspec
 
 from llmgw.config import url_host
-from llmgw.llamacpp.config import KEY_ENV as LLAMACPP_KEY_ENV
-from llmgw.secrets import derive
+from llmgw.engines.llamacpp.config import KEY_ENV as LLAMACPP_KEY_ENV
+from llmgw.secrets.keys import derive
 
 ENGINE_KEY_LABEL = "llmgw engine key v1"
 """The derivation label of the engine key; never used for another purpose (L16)."""
@@ -144,12 +144,12 @@ def _sglang(req: LaunchRequest) -> Launch:
 
 
 def _llamacpp(req: LaunchRequest) -> Launch:
-    # llmgw's own adapter over llama-cpp-python (llmgw/llamacpp/app.py says why not
+    # llmgw's own adapter over llama-cpp-python (llmgw/engines/llamacpp/app.py says why not
     # llama_cpp.server): it answers /health, streams usage, and takes its key from the env.
     env = _base_env(req)
     if req.engine_key:
         env[LLAMACPP_KEY_ENV] = req.engine_key
-    argv = [sys.executable, "-m", "llmgw.llamacpp", "--model", req.source or req.model,
+    argv = [sys.executable, "-m", "llmgw.engines.llamacpp", "--model", req.source or req.model,
             "--served-model-name", req.model, "--host", req.host, "--port", str(req.port), *req.args]  # fmt: skip
     return Launch(argv=argv, env=env, probe_url=f"http://{_probe_host(req.host)}:{req.port}/health")
 
@@ -158,7 +158,7 @@ def _sim(req: LaunchRequest) -> Launch:
     env = _base_env(req)
     if req.engine_key:
         env["VLLM_API_KEY"] = req.engine_key
-    argv = [sys.executable, "-m", "llmgw.sim", "--host", req.host, "--port", str(req.port),
+    argv = [sys.executable, "-m", "llmgw.engines.sim", "--host", req.host, "--port", str(req.port),
             "--model", req.model]  # fmt: skip
     if req.kv_events_port and not _given(req, "--kv-events-endpoint"):
         argv += ["--kv-events-endpoint", _zmq(req.host, req.kv_events_port),

@@ -10,7 +10,7 @@ reset fault). The socket stays granian's: a socket object made over it here is a
 
 The same netlink socket lists a listener's connections that have not sent a byte yet
 (`TcpDiag.silent`), which granian's header deadline never ends (it starts at the first
-byte); `shutdown_silent` ends one of this worker's (`llmgw/silent.py`).
+byte); `shutdown_silent` ends one of this worker's (`llmgw/net/silent.py`).
 """
 
 from __future__ import annotations
