@@ -7,8 +7,8 @@ among 10,000 keys, expiry), and the limiter's admission (`_core.take` on the lim
 and tpm limits in a project with a budget, with the worker's shares already leased (the
 steady state: a lease call happens once per batch of units, off this path for every other
 request).
-The target of issue 5 is at most 20 µs added per request. Result in
-`bench/results/auth-DATE.json`.
+The target is at most 20 µs added per request. Result in
+`bench/results/auth-DATE-HOST.json`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from bench.report import Result, Target, command, git_state, machine_facts, now_iso, today
+from bench.report import Result, Target, command, git_state, machine_facts, now_iso, result_path, today
 from bench.runner import ROOT
 from llmgw import _core
 from llmgw.control.limits import LimitsAuthority
@@ -131,7 +131,7 @@ def run_auth(args: argparse.Namespace) -> int:
         us={k: [round(x, 3) for x in v] for k, v in us.items()}, verdict=verdict,
     )
     print(markdown(res))
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"auth-{today()}.json"
+    out = Path(args.out) if args.out else result_path("auth", res.date, res.machine)
     out.write_bytes(msgspec.json.format(msgspec.json.encode(res)) + b"\n")
     print(f"\nwritten {out}")
     return 0 if added <= TARGET_US else 1

@@ -2,7 +2,7 @@
 
 Two reconcile figures: the first pass (every replica placed from nothing) and a
 steady pass (everything placed and ready: liveness, counting, publishing), which
-is the one that runs every few seconds. The issue's target is a pass under
+is the one that runs every few seconds. The target is a pass under
 500 ms for 1,000 nodes of 8 GPUs and 300 models.
 
 Heartbeats: the agent service's own handling (`AgentService._read`, in process,
@@ -11,7 +11,7 @@ ready replica, every heartbeat parsed from its protobuf bytes (8 GPU loads and
 the replica's status) and folded into the `Fleet` (a SQLite store in memory; a
 steady heartbeat writes nothing). All agents' streams run at once, `--beats` in
 all. Figures: heartbeats per second of wall time and per CPU-second of this
-process; the issue's target is over 10,000 a second for 1,000 agents. The gRPC
+process; the target is over 10,000 a second for 1,000 agents. The gRPC
 transport (HTTP/2 framing in grpc's C core) is not in it.
 """
 

@@ -1,10 +1,10 @@
-"""`python -m bench run index`: the KV-event index's Rust bench, against the issue's targets.
+"""`python -m bench run index`: the KV-event index's Rust bench, against its targets.
 
 `cargo bench --bench index` (release profile; rust/benches/index.rs) ingests
 vLLM-format event batches into one replica, looks 8k-token prompts up across 8
 replicas, and prints one JSON object, with rates per CPU-second of its one
-thread. This reads that object, checks it against the targets of the issue and
-writes `bench/results/index-DATE.json` in the harness's result format. It
+thread. This reads that object, checks it against the targets and
+writes `bench/results/index-DATE-HOST.json` in the harness's result format. It
 leaves `bench/results/kv_index.json` (the Rust bench's own committed output)
 alone.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from bench.report import Result, Target, _f, command, git_state, machine_facts, now_iso, today
+from bench.report import Result, Target, _f, command, git_state, machine_facts, now_iso, result_path, today
 from bench.routing_report import Check, check
 from bench.runner import ROOT
 
@@ -53,8 +53,8 @@ def figures_and_checks(raw: dict[str, Any]) -> tuple[dict[str, float | None], li
     """The headline figures and their verdicts.
 
     Ingest must meet the target in both encodings, so the slower one is the figure.
-    The bench times three kinds of 8k-token lookup; each is checked, since the issue
-    does not say which prompts it means. Each is timed on 64 prompts whose token ids
+    The bench times three kinds of 8k-token lookup; each is checked, since a
+    gateway's prompts are of all three kinds. Each is timed on 64 prompts whose token ids
     are in cache, as they are right after tokenization; the streamed figure (the
     all-replicas lookups over 800 prompts read from memory) is reported beside them. Bytes per block is the worst of the fills
     measured.
@@ -152,7 +152,7 @@ def run_index(args: argparse.Namespace) -> int:
         raw=raw,
         checks=checks,
     )
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"index-{res.date}.json"
+    out = Path(args.out) if args.out else result_path("index", res.date, res.machine)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(msgspec.json.format(msgspec.json.encode(res)) + b"\n")
     print(table(res))

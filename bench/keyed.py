@@ -1,6 +1,6 @@
 """The `llmgw-keys` target: llmgw's gateway with API keys, limits and usage on.
 
-Issue 5 asks that the throughput scenario with keys and usage on stays within 10%
+The target: the throughput scenario with keys and usage on stays within 10%
 of it without them. This target is that gateway: a control plane (`llmgw server`,
 a fresh data dir, its SQLite store), an org/team/project and a key whose rpm and tpm
 limits are far above what the bench can send (so every request takes the limiter's

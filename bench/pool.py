@@ -1,6 +1,6 @@
 """`python -m bench pool FILE...`: llmgw-keys over llmgw, pooled over several throughput runs.
 
-Issue 5's figure is the ratio of the two gateways' req/s at each concurrency. One run of
+The keyed target's figure is the ratio of the two gateways' req/s at each concurrency. One run of
 15 two-second rounds gives it to a few hundredths only: on this 2-core host, where the
 scheduler puts the control plane against the gateway moves a whole run, and one level of
 one run in three lands under a ratio the runs together put well over it. This pools the
@@ -29,7 +29,7 @@ from bench.stats import bootstrap_ratio, median, ratio_of_medians, ratio_spread
 
 PLAIN = "llmgw"
 TARGET = 0.9
-"""Issue 5: keys and usage on stay within 10% of the gateway without them."""
+"""The target: keys and usage on stay within 10% of the gateway without them."""
 
 
 class Level(msgspec.Struct, kw_only=True):

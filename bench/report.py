@@ -7,9 +7,11 @@ import datetime as dt
 import math
 import os
 import platform
+import re
 import shlex
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import msgspec
 
@@ -217,6 +219,31 @@ def command(args: argparse.Namespace) -> str:
 
 def today() -> str:
     return dt.date.today().isoformat()
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+"""Where results are committed (`python -m bench table` summarizes them in bench/RESULTS.md)."""
+
+
+def host_kind(cpu_model: str) -> str:
+    """The CPU's maker in one word ("amd", "intel"), as result names and bench/RESULTS.md
+    carry it: absolute figures compare only between hosts of one kind. "" when unknown."""
+    model = cpu_model.lower()
+    for kind in ("amd", "intel"):
+        if kind in model:
+            return kind
+    words = re.findall(r"[a-z0-9]+", model)
+    return words[0] if words else ""
+
+
+def result_path(scenario: str, date: str, machine: Machine, folder: Path = RESULTS) -> Path:
+    """`folder/SCENARIO-DATE-HOST.json`, with `-2`, `-3`... when that day already has one."""
+    stem = f"{scenario}-{date}-{host_kind(machine.cpu_model) or 'unknown'}"
+    path, n = folder / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stem}-{n}.json"
+    return path
 
 
 def now_iso() -> str:

@@ -32,7 +32,7 @@ import uvloop
 from bench import peers as peers_mod
 from bench.oracle import Oracle, sim_tokenizer
 from bench.procs import Sampler, Server
-from bench.report import Target, command, git_state, machine_facts, now_iso, today, versions
+from bench.report import Target, command, git_state, machine_facts, now_iso, result_path, today, versions
 from bench.routing_report import (
     ORACLE,
     POLICIES,
@@ -125,7 +125,7 @@ def run_routing(args: argparse.Namespace) -> int:
         figures=figures,
         checks=checks,
     )
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"routing-{res.date}.json"
+    out = Path(args.out) if args.out else result_path("routing", res.date, res.machine)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(msgspec.json.format(msgspec.json.encode(res)) + b"\n")
     print(table(res))

@@ -50,7 +50,7 @@ class RoutingRow(Row, kw_only=True):
 
 
 class Check(msgspec.Struct, kw_only=True):
-    """One acceptance figure of the issue, measured against its target."""
+    """One acceptance figure, measured against its target."""
 
     name: str
     value: float | None
@@ -167,7 +167,7 @@ def _med(rows: dict[str, RoutingRow], target: str, field: str) -> float | None:
 
 
 def figures_and_checks(summary: list[RoutingRow]) -> tuple[dict[str, float | None], list[Check]]:
-    """Per-target medians, and the issue's ratios (ratios of medians over rounds) with verdicts."""
+    """Per-target medians, and the target ratios (ratios of medians over rounds) with verdicts."""
     rows = {r.target: r for r in summary}
     figs: dict[str, float | None] = {}
     for r in summary:

@@ -68,8 +68,8 @@ class Stack:
 
         Unpinned, the scheduler moves every thread between the CPUs as it likes, and where it
         puts llmgw-keys' control plane against the gateway's interpreter thread moved that
-        gateway's cost per request by up to 10 µs from one run to the next (bench/README,
-        twelfth session). Pinned, each gateway has the same CPUs, shared only with the
+        gateway's cost per request by up to 10 µs from one run to the next on an Intel host
+        (docs/benchmarks.md). Pinned, each gateway has the same CPUs, shared only with the
         upstream, as a gateway in production is not shared with its control plane.
         """
         cpus = sorted(os.sched_getaffinity(0))

@@ -1,4 +1,4 @@
-"""The standard scenarios of BENCHMARKS.md that llmgw can run today, and `soak`.
+"""The standard scenarios (docs/benchmarks.md) and `soak`.
 
 - overhead: one client at a time; added p50/p99 latency over going direct.
 - throughput: concurrency 1, 32, 256, non-streamed; req/s, p50/p99, gateway CPU and RSS.
@@ -6,7 +6,7 @@
 - soak: llmgw alone, N requests at c=32; RSS after each half and its growth.
 - routing: prefix-cache-aware routing policies against an oracle and vllm-router
   (bench/routing.py).
-- index: the KV-event index's Rust bench, against the issue's targets (bench/index.py).
+- index: the KV-event index's Rust bench, against its targets (bench/index.py).
 - usage: usage ingestion into SQLite and PostgreSQL, requests recorded per second (bench/usage.py).
 - keyed-cost: plain and keyed llmgw at one fixed rate in the same windows; CPU per request of
   each and their ratio (bench/keyed_cost.py).
@@ -40,6 +40,7 @@ from bench.report import (
     git_state,
     machine_facts,
     now_iso,
+    result_path,
     summary_table,
     today,
     versions,
@@ -143,7 +144,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                         "for a before/after measured in the same rounds")
     p.add_argument("--rate", type=float,
                    help="keyed-cost: requests per second to each gateway (default 2500)")
-    p.add_argument("--out", help="result path (default bench/results/SCENARIO-DATE.json)")
+    p.add_argument("--out", help="result path (default bench/results/SCENARIO-DATE-HOST.json)")
     p.add_argument("--users", type=int, help="routing: chat users (default 64)")
     p.add_argument("--turns", type=int, help="routing: mean turns per user (default 6, +-4)")
     p.add_argument(
@@ -247,11 +248,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         void_reason=why,
         figures=figures,
     )
-    out = (
-        Path(args.out)
-        if args.out
-        else ROOT / "bench" / "results" / f"{args.scenario}-{res.date}.json"
-    )
+    out = Path(args.out) if args.out else result_path(args.scenario, res.date, res.machine)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(msgspec.json.format(msgspec.json.encode(res)) + b"\n")
     print(summary_table(res))
@@ -316,7 +313,7 @@ def _figures(
             if steal:
                 out[f"machine_steal_cores_median_c{lvl}"] = statistics.median(steal)
                 out[f"machine_steal_cores_max_c{lvl}"] = max(steal)
-            # Issue 5: keys, limits and usage on cost at most 10% (rps ratio >= 0.9).
+            # The target: keys, limits and usage on cost at most 10% (rps ratio >= 0.9).
             _side_by_side(out, rounds, by, KEYED, "llmgw", lvl)
             # --base: today's gateway over the same gateway at another commit.
             _side_by_side(out, rounds, by, "llmgw", BASE, lvl)

@@ -5,7 +5,7 @@ in the figure: data dir, store migration, the default project and its key),
 then sends a chat completion with the key it printed every 20 ms until one is
 answered 200. The figure is the time from starting the process to that answer:
 control plane, agent, placement, the simulator's start and the gateway
-learning the replica. The issue's target is under 10 s.
+learning the replica. The target is under 10 s.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ msgspec where the scan declines) and stores it with `llmgw.store.usage.ingest`.
 This does both in-process, with posts encoded as a busy gateway sends them, and
 counts requests recorded per second of wall time and per CPU-second (this process,
 SQLite's thread included, plus the PostgreSQL server processes serving it). Reading
-the post is timed since the sixth session of 2026-11-30; before, batches were
-handed to `ingest` decoded. Two shapes:
+the post is part of what is timed, as the control plane reads it. Two shapes:
 
 - `final`: a request shorter than a batch interval: its open and final come in one
   batch, so only the final is written;
@@ -15,7 +14,7 @@ handed to `ingest` decoded. Two shapes:
   case: two writes per request).
 
 Each runs with 1 and 2 batches in flight (2: two gateways shipping at once; on
-SQLite they queue on its one writer). The issue's target: at least 20,000 records/s
+SQLite they queue on its one writer). The target: at least 20,000 records/s
 into each backend; the check uses the `open+final` shape with 2 batches in flight.
 PostgreSQL gets a fresh database on the local server (`LLMGW_BENCH_PG`, default
 postgresql://postgres@127.0.0.1:5432/test as the admin connection), dropped after.
@@ -42,6 +41,7 @@ from bench.report import (
     git_state,
     machine_facts,
     now_iso,
+    result_path,
     today,
     versions,
 )
@@ -259,7 +259,7 @@ def _checks(runs: list[Run]) -> tuple[dict[str, float | None], list[Check]]:
 
 
 def run_usage(args: argparse.Namespace) -> int:
-    """Runs both backends, writes bench/results/usage-DATE.json; 1 when a backend fails."""
+    """Runs both backends, writes bench/results/usage-DATE-HOST.json; 1 when a backend fails."""
     n, size = (10_000, 1000) if args.quick else (REQUESTS, 1000)
     machine, started, code = machine_facts(), now_iso(), git_state(str(ROOT))
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-usage-") as tmp:
@@ -293,7 +293,7 @@ def run_usage(args: argparse.Namespace) -> int:
         runs=runs,
         checks=checks,
     )
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"usage-{res.date}.json"
+    out = Path(args.out) if args.out else result_path("usage", res.date, res.machine)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(msgspec.json.format(msgspec.json.encode(res)) + b"\n")
     print(markdown(res))
