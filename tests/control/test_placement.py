@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 from inline_snapshot import snapshot
 
+from llmgw.control.capacity import Capacity
 from llmgw.control.catalog import Model
 from llmgw.control.inventory import Node, Replica
-from llmgw.control.placement import BinPacking, Capacity, explain, headroom
+from llmgw.control.placement import BinPacking, explain, headroom
 from tests.control.fleet import A100, GiB, gpus, model, node, profile, replica, where
 
 

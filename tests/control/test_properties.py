@@ -14,9 +14,10 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmgw.control.capacity import Capacity
 from llmgw.control.catalog import Model, Profile, Source
 from llmgw.control.inventory import RESERVING, Gpu, Node, Observed
-from llmgw.control.placement import BinPacking, Capacity, Placement
+from llmgw.control.placement import BinPacking, Placement
 from llmgw.control.reconciler import Publish, Start, Timing, Unplaced, Want, apply, plan
 from llmgw.control.settings import Settings
 

@@ -26,9 +26,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
+from llmgw.control.capacity import Capacity
 from llmgw.control.catalog import Model
 from llmgw.control.inventory import LIVE, Node, NodeState, Observed, Replica, ReplicaState
-from llmgw.control.placement import BinPacking, Capacity, PlacementPolicy
+from llmgw.control.placement import BinPacking, PlacementPolicy
 from llmgw.control.settings import Settings as ControlSettings
 
 
