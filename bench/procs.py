@@ -4,7 +4,7 @@ Every server runs in its own session, so its process group holds it and every
 worker it forks (granian); stopping it signals the whole group, and its memory
 and CPU are the sum over the group. psutil is not needed: /proc is enough.
 Starting one (`spawn`) and picking a port (`free_port`) are the tests' own
-(tests/procs.py): one way to run a server group in this repository.
+(tests/support/procs.py): one way to run a server group in this repository.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple, Self
 
-from tests.procs import free_port, spawn
+from tests.support.procs import free_port, spawn
 
 __all__ = ["Sampler", "Server", "cpu_seconds", "free_port", "group_pids", "http_ok", "rss_bytes"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.admin.server import Server, start_server
+from tests.support.control_plane import Server, start_server
 
 
 @pytest.fixture

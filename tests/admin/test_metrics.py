@@ -7,8 +7,8 @@ import time
 import msgspec
 
 from llmgw.protocol import wire
-from tests.admin.server import Server, scrape
-from tests.store.usage_util import final, opened
+from tests.support.control_plane import Server, scrape
+from tests.support.usage import final, opened
 
 
 def _post(server: Server, batch: wire.UsageBatch) -> int:

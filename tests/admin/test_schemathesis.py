@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from llmgw.admin.table import ROUTES
-from tests.admin.server import Server
+from tests.support.control_plane import Server
 
 # Bounded so the whole run stays well under a minute with every area's routes.
 MAX_EXAMPLES = 15

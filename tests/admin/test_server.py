@@ -15,8 +15,8 @@ from inline_snapshot import snapshot
 
 from llmgw.admin.matching import split
 from llmgw.admin.table import ROUTES
-from tests.admin.server import Server, scrape, start_server
-from tests.store.conftest import drop_pg_database, fresh_pg_database
+from tests.support.control_plane import Server, scrape, start_server
+from tests.support.pg import drop_pg_database, fresh_pg_database
 
 
 def _concrete(path: str) -> str:

@@ -7,10 +7,10 @@ import signal
 import sys
 
 from llmgw.v1 import agent_pb2 as pb
-from tests.agent.fakes import sync
-from tests.agent.stub_cp import StubControlPlane
-from tests.procs import chat, free_port, killpg
-from tests.sim.util import sim_env
+from tests.support.agent_cp import StubControlPlane
+from tests.support.agent_fakes import sync
+from tests.support.procs import chat, free_port, killpg
+from tests.support.sim import sim_env
 
 READY, STARTING, PENDING = pb.REPLICA_STATE_READY, pb.REPLICA_STATE_STARTING, pb.REPLICA_STATE_PENDING
 PARKED, DRAINING, STOPPED = pb.REPLICA_STATE_PARKED, pb.REPLICA_STATE_DRAINING, pb.REPLICA_STATE_STOPPED

@@ -9,7 +9,7 @@ import msgspec
 
 from llmgw.agent.supervisor import ReplicaInfo, Supervisor, SupervisorSettings
 from llmgw.engines.launch import LaunchRequest
-from tests.agent.fakes import FakeClock, FakeEngines, sync
+from tests.support.agent_fakes import FakeClock, FakeEngines, sync
 
 REQ = LaunchRequest(replica_id="r1", model="m", engine="sim", port=0, host="")
 

@@ -27,7 +27,7 @@ from llmgw.control.reconciler import (
     wanted,
 )
 from llmgw.control.settings import Settings
-from tests.control.fleet import GiB, model, node, profile, replica
+from tests.support.inventory import GiB, model, node, profile, replica
 
 T0 = 1000.0
 SETTINGS = Timing.of(Settings(unreachable_after=30, lost_after=120))

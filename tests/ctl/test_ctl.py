@@ -19,8 +19,8 @@ from llmgw.admin.matching import Router
 from llmgw.admin.table import ROUTES
 from llmgw.cli.ctl.commands import COMMANDS
 from llmgw.cli.main import main
-from tests.admin.server import Server
-from tests.procs import free_port, start_process
+from tests.support.control_plane import Server
+from tests.support.procs import free_port, start_process
 
 
 def ctl(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -7,8 +7,8 @@ import re
 import pytest
 from inline_snapshot import snapshot
 
-from tests.admin.server import Server
 from tests.ctl.test_ctl import ctl
+from tests.support.control_plane import Server
 
 
 def test_leader_on_sqlite(server: Server, capsys: pytest.CaptureFixture[str]) -> None:

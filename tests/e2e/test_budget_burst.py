@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from .conftest import Cluster
+from tests.support.cluster import Cluster
 
 BUDGET = 3000
 WORKERS = 4

@@ -20,8 +20,7 @@ from pathlib import Path
 
 from llmgw.secrets.datadir import read_admin_token, read_secret
 from llmgw.secrets.keys import GATEWAY_TOKEN_LABEL, derive
-
-from .conftest import Cluster
+from tests.support.cluster import Cluster
 
 
 def _http(url: str, body: dict[str, object] | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:

@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.store.conftest import drop_pg_database, fresh_pg_database
-
-from .conftest import Cluster
+from tests.support.cluster import Cluster
+from tests.support.pg import drop_pg_database, fresh_pg_database
 
 N = 300
 

@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from tests.procs import free_port, start_process
+from tests.support.procs import free_port, start_process
 
 ROOT = Path(__file__).resolve().parents[2]
 UP_READY = "llmgw up: ready"

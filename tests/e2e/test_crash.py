@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Cluster
+from tests.support.cluster import Cluster
 
 SILENT_FOR = 3.0
 LOAD_FOR = 4.0

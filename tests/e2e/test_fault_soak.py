@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 from bench.procs import group_pids, rss_bytes
 
-from tests.gateway.conftest import http_get, metric_value
-from tests.procs import wait_for
-
-from .conftest import Cluster, chat_status
+from tests.support.cluster import Cluster, chat_status
+from tests.support.gateway import http_get, metric_value
+from tests.support.procs import wait_for
 
 # (x-sim-fault, streamed, client timeout): what each request does. Half plain; the rest the
 # engine failing at once, mid-stream (reset, an error event), going silent (the client gives up
@@ -61,7 +60,7 @@ def _request(url: str, key: str, fault: str | None, stream: bool, timeout: float
 
 
 def _fds(pid: int) -> int:
-    """Descriptors open in the gateway's processes (its own session: `tests.procs`)."""
+    """Descriptors open in the gateway's processes (its own session: `tests.support.procs`)."""
     return sum(len(os.listdir(f"/proc/{p}/fd")) for p in group_pids(pid))
 
 

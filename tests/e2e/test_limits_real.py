@@ -6,7 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .conftest import Cluster, chat_status
+from tests.support.cluster import Cluster, chat_status
 
 RPM = 60
 SENT = 150

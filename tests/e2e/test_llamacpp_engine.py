@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from tests.procs import free_port, start_process
+from tests.support.procs import free_port, start_process
 
 
 def post(port: int, path: str, body: dict[str, object], key: str = "k") -> tuple[int, dict[str, object]]:

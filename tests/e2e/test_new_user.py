@@ -24,7 +24,7 @@ import openai
 
 from llmgw.cli.ctl.client import Client
 from llmgw.secrets.datadir import read_admin_token
-from tests.procs import free_port, start_process, wait_for
+from tests.support.procs import free_port, start_process, wait_for
 
 REVOKE_DEADLINE = 2.0
 

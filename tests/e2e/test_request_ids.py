@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from .conftest import Cluster, chat
+from tests.support.cluster import Cluster, chat
 
 
 def test_requests_sent_with_one_client_id_are_each_counted(cluster: Cluster) -> None:

@@ -14,9 +14,8 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.store.conftest import drop_pg_database, fresh_pg_database
-
-from .conftest import Cluster
+from tests.support.cluster import Cluster
+from tests.support.pg import drop_pg_database, fresh_pg_database
 
 HOSTILE = ["' OR '1'='1", "x'; DROP TABLE api_keys; --", "1; SELECT pg_sleep(5)--", "%' OR 1=1 --",
            "\\'; DELETE FROM orgs; --", "key_a' UNION SELECT * FROM api_keys --"]

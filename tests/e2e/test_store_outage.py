@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.conftest import drop_pg_database, fresh_pg_database
-from tests.tcp_cut import TcpCut
-
-from .conftest import Cluster, chat, chat_status
+from tests.support.cluster import Cluster, chat, chat_status
+from tests.support.pg import drop_pg_database, fresh_pg_database
+from tests.support.tcp_cut import TcpCut
 
 OUTAGE = 4.0
 """Shorter than the leader lease's renew deadline (2/3 of the 10 s TTL): the leader stays."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import openai
 
 from tests.e2e.test_new_user import ctl
-from tests.procs import free_port, start_process
+from tests.support.procs import free_port, start_process
 
 MODEL = "gemma-3-270m"
 

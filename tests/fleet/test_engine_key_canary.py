@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from tests.fleet.conftest import SIM_MODEL, Fleet
-from tests.procs import chat, wait_for
+from tests.support.fleet import SIM_MODEL, Fleet
+from tests.support.procs import chat, wait_for
 
 
 def test_engine_keys_are_only_in_the_gateways_snapshot(fleet_factory: Callable[..., Fleet]) -> None:

@@ -26,11 +26,11 @@ import pytest
 
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1.agent_pb2_grpc import AgentServiceStub
-from tests.admin.server import READY, Server, scrape
-from tests.fleet.conftest import AGENT_READY, FAST, SIM_MODEL, killpg, wait_for
-from tests.procs import Proc, free_port, start_process
-from tests.sim.util import sim_env
-from tests.store.conftest import drop_pg_database, fresh_pg_database
+from tests.support.control_plane import READY, Server, scrape
+from tests.support.fleet import AGENT_READY, FAST, SIM_MODEL
+from tests.support.pg import drop_pg_database, fresh_pg_database
+from tests.support.procs import Proc, free_port, killpg, start_process, wait_for
+from tests.support.sim import sim_env
 
 TTL = 2.0
 # A failover takes the rest of the dead leader's lease, then up to a third of a TTL until

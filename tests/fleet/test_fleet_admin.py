@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.ctl.test_ctl import ctl
-from tests.fleet.conftest import Fleet, wait_for
+from tests.support.fleet import Fleet
+from tests.support.procs import wait_for
 
 BIG = {"name": "big", "source": {"repo": "org/big"}, "min_replicas": 1,
        "profiles": [{"name": "h200", "engine": "sim", "gpu_class": "H200-141GB"}]}

@@ -8,7 +8,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from tests.fleet.conftest import Fleet, chat, wait_for
+from tests.support.fleet import Fleet
+from tests.support.procs import chat, wait_for
 
 
 def _ready(f: Fleet, n: int) -> list[dict[str, Any]] | None:

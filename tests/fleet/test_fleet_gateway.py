@@ -15,12 +15,12 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from tests.e2e.conftest import GATEWAY_READY
-from tests.fleet.conftest import SIM_MODEL, Fleet, wait_for
-from tests.gateway.conftest import metric_value
 from tests.gateway.test_routing import SYSTEM, TOKENIZER
-from tests.procs import Proc, free_port, start_process
-from tests.sim.util import sim_env
+from tests.support.cluster import GATEWAY_READY
+from tests.support.fleet import SIM_MODEL, Fleet
+from tests.support.gateway import metric_value
+from tests.support.procs import Proc, free_port, start_process, wait_for
+from tests.support.sim import sim_env
 
 _HEALTHY = re.compile(r'^llmgw_replica_healthy\{replica="([^"]+)"\} ', re.MULTILINE)
 

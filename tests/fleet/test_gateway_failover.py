@@ -13,15 +13,14 @@ import time
 from typing import Any
 
 from llmgw.store import connect
-from tests.admin.server import Server
-from tests.e2e.conftest import GATEWAY_READY
-from tests.fleet.conftest import wait_for
 from tests.fleet.test_failover import TAKEOVER_SLACK, TTL, Pair, get, pair
 from tests.fleet.test_fleet_gateway import Load, Post, _chat, issue_key
-from tests.gateway.conftest import start_sim
-from tests.procs import free_port, start_process
-from tests.sim.util import sim_env
-from tests.store.usage_util import stored_finals
+from tests.support.cluster import GATEWAY_READY
+from tests.support.control_plane import Server
+from tests.support.gateway import start_sim
+from tests.support.procs import free_port, start_process, wait_for
+from tests.support.sim import sim_env
+from tests.support.usage import stored_finals
 
 __all__ = ["pair"]  # the fixture, used by name
 

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tests.fleet.conftest import SIM_MODEL, Fleet
-from tests.procs import wait_for
+from tests.support.fleet import SIM_MODEL, Fleet
+from tests.support.procs import wait_for
 
 
 def _node_state(f: Fleet, node: str) -> str:

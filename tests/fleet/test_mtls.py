@@ -22,10 +22,10 @@ from llmgw.agent.join import JoinError, join
 from llmgw.control import pki
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1.agent_pb2_grpc import AgentServiceStub
-from tests.admin.server import Server, start_server
-from tests.fleet.conftest import AGENT_READY, FAST, wait_for
-from tests.procs import Proc, free_port, start_process
-from tests.sim.util import sim_env
+from tests.support.control_plane import Server, start_server
+from tests.support.fleet import AGENT_READY, FAST
+from tests.support.procs import Proc, free_port, start_process, wait_for
+from tests.support.sim import sim_env
 
 
 def llmgw(*args: str) -> subprocess.CompletedProcess[str]:

@@ -6,11 +6,10 @@ import time
 from collections.abc import Callable
 
 from llmgw.protocol.wire import NULL, UsageBatch
-from tests.procs import Proc
-
-from .conftest import Gateway
-from .control_stub import ControlStub
-from .cp import CHAT, chat, control, request, start_authed, wait_ready
+from tests.support.control_stub import ControlStub
+from tests.support.gateway import Gateway
+from tests.support.gateway_cp import CHAT, chat, control, request, start_authed, wait_ready
+from tests.support.procs import Proc
 
 __all__ = ["control"]  # the fixture, imported for pytest
 

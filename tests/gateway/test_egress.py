@@ -13,7 +13,8 @@ import socket
 import threading
 from urllib.parse import urlsplit
 
-from .conftest import Gateway
+from tests.support.gateway import Gateway
+
 from .test_errors import post
 
 

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.procs import Proc, free_port
-
-from .conftest import Gateway
+from tests.support.gateway import Gateway
+from tests.support.procs import Proc, free_port
 
 
 def post(
@@ -128,7 +127,7 @@ def test_unknown_route_and_method(gateway: Gateway) -> None:
 
 
 def test_busy_replicas_are_tried_then_429(gateway_factory: Callable[..., Gateway]) -> None:
-    from .conftest import start_sim
+    from tests.support.gateway import start_sim
 
     with start_sim("--model", "sim-model") as a, start_sim("--model", "sim-model") as b:
         gw = gateway_factory([f"a={a.url}=sim-model", f"b={b.url}=sim-model"])

@@ -16,9 +16,8 @@ import openai
 import pytest
 from bench.procs import group_pids
 
-from tests.procs import Proc
-
-from .conftest import Gateway, http_get, metric_value, start_sim
+from tests.support.gateway import Gateway, http_get, metric_value, start_sim
+from tests.support.procs import Proc
 
 MSG = [{"role": "user", "content": "write a long story"}]
 

@@ -21,11 +21,10 @@ import pytest
 
 from llmgw.admin.route import ApiError
 from llmgw.protocol.wire import ModelEntry, ReplicaEntry
-from tests.procs import Proc
-
-from .conftest import Gateway, start_sim
-from .control_stub import ControlStub
-from .cp import chat, control, request
+from tests.support.control_stub import ControlStub
+from tests.support.gateway import Gateway, start_sim
+from tests.support.gateway_cp import chat, control, request
+from tests.support.procs import Proc
 
 __all__ = ["control"]
 

@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 
 from llmgw.protocol.wire import Limits
-from tests.procs import Proc
-
-from .conftest import Gateway, http_get, metric_value, start_sim
-from .control_stub import ControlStub
-from .cp import CHAT, chat, control, start_authed
+from tests.support.control_stub import ControlStub
+from tests.support.gateway import Gateway, http_get, metric_value, start_sim
+from tests.support.gateway_cp import CHAT, chat, control, start_authed
+from tests.support.procs import Proc
 
 __all__ = ["control"]
 

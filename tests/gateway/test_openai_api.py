@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from .conftest import Gateway
+from tests.support.gateway import Gateway
 
 
 def client(gw: Gateway) -> openai.OpenAI:

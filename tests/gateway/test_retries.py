@@ -11,9 +11,8 @@ from collections.abc import Callable
 import openai
 import pytest
 
-from tests.procs import wait_for
-
-from .conftest import Gateway, http_get, metric_value, start_sim
+from tests.support.gateway import Gateway, http_get, metric_value, start_sim
+from tests.support.procs import wait_for
 
 MSG = [{"role": "user", "content": "hi"}]
 

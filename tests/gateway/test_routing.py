@@ -8,9 +8,8 @@ from pathlib import Path
 
 import openai
 
-from tests.procs import Proc, free_port
-
-from .conftest import Gateway, start_sim
+from tests.support.gateway import Gateway, start_sim
+from tests.support.procs import Proc, free_port
 
 SYSTEM = "You are a careful assistant. " * 40
 

@@ -10,9 +10,8 @@ from collections.abc import Callable
 import openai
 import pytest
 
-from tests.procs import Proc
-
-from .conftest import Gateway, start_sim
+from tests.support.gateway import Gateway, start_sim
+from tests.support.procs import Proc
 
 
 def test_sigterm_flushes_usage_and_exits_0(gateway_factory: Callable[..., Gateway], sim: Proc) -> None:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from bench.procs import group_pids, rss_bytes
 
-from .conftest import Gateway, http_get, metric_value, start_sim
+from tests.support.gateway import Gateway, http_get, metric_value, start_sim
 
 TOKENS = 300_000
 """About 60 MB of SSE: what the gateway would come to hold for a client that reads nothing."""

@@ -7,9 +7,8 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-from tests.procs import Proc
-
-from .conftest import Gateway
+from tests.support.gateway import Gateway
+from tests.support.procs import Proc
 
 
 def test_metrics_and_usage_cover_every_worker(gateway_factory: Callable[..., Gateway], sim: Proc) -> None:

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.procs import Proc, free_port, start_process
-from tests.sim.util import READY, StartSim, sim_env
+from tests.support.procs import Proc, free_port, start_process
+from tests.support.sim import READY, StartSim, sim_env
 
 
 @pytest.fixture

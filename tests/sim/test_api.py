@@ -11,8 +11,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.procs import Proc
-from tests.sim.util import StartSim, client_for, metric
+from tests.support.procs import Proc
+from tests.support.sim import StartSim, client_for, metric
 
 MSGS: list[openai.types.chat.ChatCompletionMessageParam] = [
     {"role": "system", "content": "be brief"},

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import openai
 import pytest
 
-from tests.procs import Proc
-from tests.sim.util import StartSim, client_for, metric
+from tests.support.procs import Proc
+from tests.support.sim import StartSim, client_for, metric
 
 MSGS: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 ABORTED = "llmgw_sim_requests_aborted_total"

@@ -11,7 +11,7 @@ import openai
 import pytest
 import zmq
 
-from tests.procs import Proc, free_port, start_process
+from tests.support.procs import Proc, free_port, start_process
 
 END = (-1).to_bytes(8, "big", signed=True)
 LONG = " ".join(f"w{i}" for i in range(40))  # 2 full blocks of 16 plus the chat roles

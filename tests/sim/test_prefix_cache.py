@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tests.sim.util import StartSim, client_for, metric
+from tests.support.sim import StartSim, client_for, metric
 
 
 def test_prefix_cache_hit_shortens_ttft(start_sim: StartSim) -> None:

@@ -10,8 +10,7 @@ import pytest
 from llmgw.store import Database, StoreError, connect, migrate
 from llmgw.store.db import Conflict, safe_url
 from llmgw.store.sqlite import PAGE_SIZE
-
-from .util import with_db
+from tests.support.store import with_db
 
 
 def test_placeholders_transactions_and_conflicts(store_url: str) -> None:

@@ -9,8 +9,7 @@ from llmgw.store import Database
 from llmgw.store import fleet as f
 from llmgw.store.errors import Taken
 from llmgw.store.snapshot import snapshot_version
-
-from .util import with_db
+from tests.support.store import with_db
 
 
 def test_nodes(store_url: str) -> None:

@@ -12,8 +12,7 @@ from llmgw.store import Database, joins
 from llmgw.store import fleet as f
 from llmgw.store.audit import query
 from llmgw.store.errors import Forbidden
-
-from .util import with_db
+from tests.support.store import with_db
 
 KEY = b"k" * 32
 CA = "ab" * 32

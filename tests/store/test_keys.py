@@ -19,8 +19,7 @@ from llmgw.store.removals import delete_user, remove_member
 from llmgw.store.snapshot import build_snapshot, snapshot_version, touch_keys
 from llmgw.store.usage import ingest
 from llmgw.store.users import add_member, create_user
-
-from .util import with_db
+from tests.support.store import with_db
 
 A = "admin"
 HASH_KEY = derive(b"s" * 32, "llmgw api-key hash v1")

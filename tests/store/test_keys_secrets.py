@@ -11,8 +11,7 @@ import pytest
 from llmgw.admin.route import Route
 from llmgw.durations import format_duration, parse_duration, spoken_duration
 from llmgw.secrets.keys import HASH_LABEL, Secret, derive, key_hash, key_prefix, new_api_key
-
-from .api import ROUTES
+from tests.support.admin_routes import ROUTES
 
 
 def test_derive_and_hash_follow_the_design() -> None:

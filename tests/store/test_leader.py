@@ -14,7 +14,7 @@ from llmgw.control.leader import Leadership
 from llmgw.store import Database, StoreError, connect, migrate
 from llmgw.store import fleet as fleet_rows
 from llmgw.store import leader as lease
-from tests.store.conftest import drop_pg_database, fresh_pg_database
+from tests.support.pg import drop_pg_database, fresh_pg_database
 
 
 @pytest.fixture

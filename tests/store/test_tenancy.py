@@ -10,8 +10,7 @@ from llmgw.store import tenancy as t
 from llmgw.store.errors import Invalid, NotFound, Taken
 from llmgw.store.snapshot import snapshot_version
 from llmgw.store.users import add_member, create_user, list_members
-
-from .util import with_db
+from tests.support.store import with_db
 
 A = "admin"
 

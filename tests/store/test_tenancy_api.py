@@ -8,9 +8,8 @@ from typing import Any
 from inline_snapshot import snapshot
 
 from llmgw.store import Database
-
-from .api import Settings, State, call
-from .util import with_db
+from tests.support.admin_routes import Settings, State, call
+from tests.support.store import with_db
 
 
 async def _tree(db: Database) -> None:

@@ -8,9 +8,8 @@ from llmgw.protocol import wire
 from llmgw.store import Database
 from llmgw.store.requests import NotKept, RequestBody, request_body, request_view
 from llmgw.store.usage import ingest, prune, settle_gateway, settle_stale, usage_by_scope
-
-from .usage_util import T0, as_posted, batch, final, opened, rows_total, totals
-from .util import with_db
+from tests.support.store import with_db
+from tests.support.usage import T0, as_posted, batch, final, opened, rows_total, totals
 
 
 def test_open_then_final_counts_once_and_duplicates_are_ignored(store_url: str) -> None:

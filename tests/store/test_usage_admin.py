@@ -14,9 +14,8 @@ from llmgw.admin import usage as usage_routes
 from llmgw.admin.route import ApiError, Raw, Request, Route
 from llmgw.store import Database, audit
 from llmgw.store.usage import ingest, settle_gateway
-
-from .usage_util import T0, batch, final, opened
-from .util import with_db
+from tests.support.store import with_db
+from tests.support.usage import T0, batch, final, opened
 
 D = 86_400.0
 

@@ -8,9 +8,8 @@ import pytest
 
 from llmgw.store import Database
 from llmgw.store.usage import ExportRow, export, ingest, month_of
-
-from .usage_util import T0, batch, final
-from .util import with_db
+from tests.support.store import with_db
+from tests.support.usage import T0, batch, final
 
 H, D = 3600.0, 86_400.0
 

@@ -16,8 +16,15 @@ from hypothesis import strategies as st
 
 from llmgw.store import Database, connect, migrate
 from llmgw.store.usage import hour_of, ingest, settle_gateway, settle_stale
-
-from .usage_util import T0, as_posted, daily_matches_hourly, final, opened, rows_total, totals
+from tests.support.usage import (
+    T0,
+    as_posted,
+    daily_matches_hourly,
+    final,
+    opened,
+    rows_total,
+    totals,
+)
 
 N = 6  # requests; request i belongs to gateway gw{i % 2}
 

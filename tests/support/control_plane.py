@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.procs import Proc, free_port, start_process
+from tests.support.procs import Proc, free_port, start_process
 
 READY = "llmgw control plane listening on"
 
@@ -63,7 +63,7 @@ def start_server(tmp_path: Path, store: str | None = None, *extra: str,
     tests start a control plane (tests/fleet's `Fleet` too).
 
     `config` is written to tmp_path/server.yaml and passed with --config; `env` replaces
-    the environment (the fleet's agents need `tests.sim.util.sim_env`)."""
+    the environment (the fleet's agents need `tests.support.sim.sim_env`)."""
     data_dir = tmp_path / "data"
     args = [sys.executable, "-m", "llmgw", "server", "--data-dir", str(data_dir),
             "--port", str(port or free_port()), *extra]

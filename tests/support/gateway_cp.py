@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from .conftest import Gateway
-from .control_stub import ControlStub
+from tests.support.control_stub import ControlStub
+from tests.support.gateway import Gateway
 
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import openai
 
-from tests.procs import Proc
+from tests.support.procs import Proc
 
 StartSim = Callable[..., Proc]
 

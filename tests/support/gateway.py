@@ -1,0 +1,71 @@
+"""Simulator and gateway processes for the gateway's end-to-end tests, and reading what a
+gateway wrote: its usage log and its /metrics."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support.procs import Proc, free_port, start_process
+
+SIM_READY = "llmgw-sim listening on"
+GATEWAY_READY = "llmgw gateway listening on"
+
+
+def start_sim(*args: str) -> Proc:
+    """A simulator process on a free port."""
+    port = free_port()
+    return start_process(
+        [sys.executable, "-m", "llmgw.engines.sim", "--port", str(port), *args], SIM_READY, port=port
+    )
+
+
+class Gateway:
+    """A running gateway process and what it wrote."""
+
+    def __init__(self, proc: Proc, usage_log: Path) -> None:
+        self.proc = proc
+        self.usage_log = usage_log
+        self.url = proc.url
+        self.base_url = proc.url + "/v1"
+
+    def usage(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Waits until the usage log holds at least n records; returns them all."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.usage_log.read_text().splitlines() if self.usage_log.exists() else []
+            if len(lines) >= n or time.monotonic() > deadline:
+                return [json.loads(x) for x in lines]
+            time.sleep(0.05)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of one sample from the gateway's /metrics (0 when absent)."""
+        return metric_value(http_get(self.url + "/metrics"), name, **labels)
+
+
+def http_get(url: str) -> str:
+    """GET a URL; returns the body text."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return str(r.read().decode())
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Finds a sample by name and (a subset of) its labels in a Prometheus exposition."""
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, rest = head.partition("{")
+        if metric != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += float(value)
+            found = True
+    return total if found else 0.0
