@@ -184,7 +184,9 @@ def patch_request(body: bytes, model: str | None, include_usage: bool) -> bytes:
     (when `include_usage`), splicing only those values. Raises ValueError when the
     body is not a JSON object."""
 
-def silent_connections(answer: bytes, seq: int, port: int) -> tuple[list[tuple[int, tuple[tuple[str, int], tuple[str, int]]]], bool]:
+def silent_connections(
+    answer: bytes, seq: int, port: int
+) -> tuple[list[tuple[int, tuple[tuple[str, int], tuple[str, int]]]], bool]:
     """The established connections of local `port` whose peer has sent no byte yet, in
     `answer` (one part of the answer to sock_diag dump `seq`): (inode, ((local ip, port), (peer ip, port)))
     each, an IPv4-mapped address read as IPv4; and whether the dump goes on (False: its end,
@@ -271,7 +273,7 @@ def admit(holds: tuple[Hold, ...], now: float, cost: int) -> Ticket | None:
     """Takes a unit (rpm), a slot (concurrency) and `cost` tokens (tpm, budgets) from every
     hold that limits them, or nothing when one of them lacks something at `now` (None)."""
 
-def take(memo: dict[str, Any], entry: Any, project: Any, now: float, cost: int) -> Ticket | None | Literal[False]:
+def take(memo: dict[str, Any], entry: Any, project: Any, now: float, cost: int) -> Ticket | Literal[False] | None:
     """`admit` from the shares `memo[entry.key_id]` holds when it is `(entry, project, shares)`
     for this very entry and project, and some share limits it; False otherwise (the caller
     works the shares out)."""

@@ -1,5 +1,5 @@
 """Each package imports only what its `__init__.py` says it may (CONVENTIONS: one concern per
-module, and the first docstring line says what the package must not import).
+module, and the docstring's first paragraph says what the package must not import).
 
 Read from the source, every `import` and `from ... import` at any depth, relative ones
 resolved, so that a lazy import inside a function counts as much as one at the top.
@@ -103,10 +103,11 @@ def test_a_package_imports_some_modules_only_inside_functions(package: str) -> N
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_the_table_says_what_the_package_itself_says(package: str) -> None:
-    # The rules above and the package's own first docstring line must not drift apart:
-    # that line names each package it must not import as `name/`, and each module it
+    # The rules above and the package's own docstring summary (its first paragraph) must not
+    # drift apart: it names each package it must not import as `name/`, and each module it
     # imports only inside functions by its dotted name.
-    first = (ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text())) or "").splitlines()[0]
+    doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text())) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
     for module in FORBIDDEN[package]:
         assert f"{module.removeprefix('llmgw.')}/" in first, (package, module, first)
     for module in LAZY_ONLY.get(package, ()):

@@ -29,7 +29,7 @@ class KeyPatch(Struct, forbid_unknown_fields=True, kw_only=True):
     """Changes to a key; null limits clears the key's own limits."""
 
     name: Name | UnsetType = UNSET
-    limits: Limits | None | UnsetType = UNSET
+    limits: Limits | UnsetType | None = UNSET
 
 
 def _no_keys_in_url(req: Request) -> None:

@@ -51,8 +51,9 @@ def pattern_error(message: str, field: str | None, data: bytes) -> ApiError | No
     """A 400 in words for msgspec's `message` about the body field at `field` (`limits.rpm`,
     `models[0].name`) when it failed one of the patterns above (or a name's length); None
     for any other validation error. `data` is the body, read again only here for the value."""
-    for pattern, (code, what, rule) in _RULES.items():
+    for pattern, found in _RULES.items():
         if f"regex {pattern!r}" in message:
+            code, what, rule = found
             break
     else:
         if not (field and _NAME_LENGTH.match(message) and field.rsplit(".", 1)[-1] == "name"):

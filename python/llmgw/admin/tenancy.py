@@ -42,8 +42,8 @@ class OrgPatch(_Body):
     """Changes to an organization; fields left out stay as they are, null clears."""
 
     name: Name | UnsetType = UNSET
-    max_key_ttl: Duration | None | UnsetType = UNSET
-    limits: Limits | None | UnsetType = UNSET
+    max_key_ttl: Duration | UnsetType | None = UNSET
+    limits: Limits | UnsetType | None = UNSET
 
 
 class TeamCreate(_Body):
@@ -61,8 +61,8 @@ class TeamPatch(_Body):
 
     name: Name | UnsetType = UNSET
     org: Ref | UnsetType = UNSET
-    max_key_ttl: Duration | None | UnsetType = UNSET
-    limits: Limits | None | UnsetType = UNSET
+    max_key_ttl: Duration | UnsetType | None = UNSET
+    limits: Limits | UnsetType | None = UNSET
 
 
 class ProjectCreate(_Body):
@@ -81,9 +81,9 @@ class ProjectPatch(_Body):
 
     name: Name | UnsetType = UNSET
     team: Ref | UnsetType = UNSET
-    limits: Limits | None | UnsetType = UNSET
+    limits: Limits | UnsetType | None = UNSET
     keep_bodies: bool | UnsetType = UNSET
-    max_key_ttl: Duration | None | UnsetType = UNSET
+    max_key_ttl: Duration | UnsetType | None = UNSET
 
 
 class UserCreate(_Body):
@@ -97,7 +97,7 @@ class UserPatch(_Body):
     """Changes to a user."""
 
     name: Name | UnsetType = UNSET
-    email: Email | None | UnsetType = UNSET
+    email: Email | UnsetType | None = UNSET
 
 
 class MemberAdd(_Body):
@@ -109,7 +109,7 @@ class MemberAdd(_Body):
     role: Role
 
 
-def _ttl(value: str | None | UnsetType) -> float | None | UnsetType:
+def _ttl(value: str | UnsetType | None) -> float | UnsetType | None:
     return value if isinstance(value, UnsetType) else seconds(value, "tenancy.bad_ttl",
                                                               "max_key_ttl")
 

@@ -73,7 +73,8 @@ def parse_fake_gpus(spec: str, node_id: str = "") -> tuple[GpuInfo, ...]:
             raise FakeGpuSpecError(f"--fake-gpus entry {shown!r} is not understood; the format is {FAKE_FORMAT}.")
         count, mem = int(m["count"]), float(m["mem"])
         if count < 1 or mem <= 0:
-            raise FakeGpuSpecError(f"--fake-gpus entry {part!r} needs a count and memory above zero; the format is {FAKE_FORMAT}.")
+            raise FakeGpuSpecError(f"--fake-gpus entry {part!r} needs a count and memory above zero; "
+                                   f"the format is {FAKE_FORMAT}.")
         if len(gpus) + count > MAX_FAKE_GPUS:
             raise FakeGpuSpecError(f"--fake-gpus declares more than {MAX_FAKE_GPUS} GPUs; the format is {FAKE_FORMAT}.")
         first = len(gpus)

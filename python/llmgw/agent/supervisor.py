@@ -1,4 +1,5 @@
-"""The engine supervisor: runs each replica's engine, probes it, restarts it with back-off, parks it when it keeps failing.
+"""The engine supervisor: runs each replica's engine, probes it, restarts it with back-off,
+parks it when it keeps failing.
 
 Each replica is one asyncio task that owns its process from start to stop, so
 that "is it running" has one answer. Every state change is told to `on_status`

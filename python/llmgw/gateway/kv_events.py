@@ -16,6 +16,7 @@ this module only moves frames and handles sequence gaps:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -134,9 +135,7 @@ class KvSubscriber:
         for t in tasks:
             t.cancel()
         for t in tasks:
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await t
-            except asyncio.CancelledError:
-                pass
         if self._ctx is not None:
             self._ctx.term()

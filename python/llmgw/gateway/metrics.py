@@ -54,11 +54,13 @@ TABLE: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "llmgw_requests_total": (Counter, "Requests answered, by model asked for and outcome.", ("model", "status")),
     "llmgw_request_duration_seconds": (Histogram, "Time from request to the end of the answer.", ("model",)),
     "llmgw_time_to_first_token_seconds": (Histogram, "Time from request to the first generated token.", ("model",)),
-    "llmgw_tokens_total": (Counter, "Tokens counted from upstream usage, by kind (prompt or completion).", ("model", "kind")),
+    "llmgw_tokens_total": (Counter, "Tokens counted from upstream usage, by kind (prompt or completion).",
+                           ("model", "kind")),
     "llmgw_upstream_retries_total": (Counter, "Requests retried on another replica before the first byte.", ("model",)),
     "llmgw_upstream_retries_refused_total": (Counter, ("Retries not made because the worker's retry budget "
                                               "was spent (the failure went to the client)."), ("model",)),
-    "llmgw_replica_ejections_total": (Counter, "Passive ejections of a replica after a connect error or 5xx.", ("replica",)),
+    "llmgw_replica_ejections_total": (Counter, "Passive ejections of a replica after a connect error or 5xx.",
+                                      ("replica",)),
     "llmgw_replica_ejections_spared_total": (Counter, ("Connect errors and 5xx that did not eject their replica: "
                                              "health.max_ejection_percent of one of its models' replicas "
                                              "were out of routing already."), ("replica",)),
@@ -67,10 +69,10 @@ TABLE: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "llmgw_client_connections_closed_total": (Counter, ("Client connections the gateway closed, by why: silent (no "
                                               "byte within timeouts.client_headers of connecting), stalled (a "
                                               "streamed answer unread for timeouts.client_idle)."), ("reason",)),
-    "llmgw_usage_records_dropped_total": (Counter, ("Usage records the gateway gave up on, by why: backlog (usage_max_pending "
-                                          "records were waiting for the control plane), refused (the control plane "
-                                          "refused their post as invalid), shutdown (still unsent when the worker "
-                                          "stopped)."), ("reason",)),
+    "llmgw_usage_records_dropped_total": (Counter, ("Usage records the gateway gave up on, by why: backlog "
+                                          "(usage_max_pending records were waiting for the control plane), "
+                                          "refused (the control plane refused their post as invalid), "
+                                          "shutdown (still unsent when the worker stopped)."), ("reason",)),
     "llmgw_usage_post_failures_total": (Counter, ("Usage posts the control plane did not take (unreachable, or it "
                                         "answered an error); their records are kept and sent again."), ()),
     "llmgw_usage_pending_records": (Gauge, ("Usage records (running and finished requests) waiting to be posted to "
@@ -90,7 +92,8 @@ class _ReplicaCollector(Collector):
         self._owner = owner
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        inflight = GaugeMetricFamily("llmgw_replica_in_flight", "Requests outstanding on a replica.", labels=["replica"])
+        inflight = GaugeMetricFamily("llmgw_replica_in_flight", "Requests outstanding on a replica.",
+                                     labels=["replica"])
         healthy = GaugeMetricFamily("llmgw_replica_healthy", "1 when the replica is routed to.", labels=["replica"])
         for rid, n, ok in self._snapshot():
             inflight.add_metric([rid], n)
@@ -99,7 +102,8 @@ class _ReplicaCollector(Collector):
         yield healthy
         # Counted in Rust per decision; keys are "model|policy|kind".
         routed = CounterMetricFamily("llmgw_routing_decisions", "Routing decisions by model, policy used and kind "
-                                     "(cache_hit, cache_miss, guarded, least_load, ...).", labels=["model", "policy", "kind"])
+                                     "(cache_hit, cache_miss, guarded, least_load, ...).",
+                                     labels=["model", "policy", "kind"])
         for key, n in self._decisions().items():
             model, policy, kind = key.split("|", 2)
             routed.add_metric([model, policy, kind], n)
@@ -171,7 +175,8 @@ class Metrics:
             c = self._children[key] = metric.labels(*labels)
         return c  # type: ignore[return-value]
 
-    def request(self, model: str, status: str, duration: float, ttft: float | None, prompt: int, completion: int) -> None:
+    def request(self, model: str, status: str, duration: float, ttft: float | None, prompt: int,
+                completion: int) -> None:
         """Counts one finished request."""
         tallies = self._tallies
         if tallies is None:

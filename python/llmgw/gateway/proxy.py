@@ -10,6 +10,7 @@ is committed: a failure becomes one SSE error event, never a fake
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -192,7 +193,8 @@ class Proxy:
             log.exception("request %s failed inside the gateway", call.rid)
             call.status = "internal_error"
             self._answer_error(protocol, call, Failure(
-                Kind.INTERNAL, f"the gateway failed on this request; its log has the details under request id {call.rid}",
+                Kind.INTERNAL,
+                f"the gateway failed on this request; its log has the details under request id {call.rid}",
                 "internal_error"))
         finally:
             self.deadlines.remove(call.watch_slot, call)
@@ -217,10 +219,8 @@ class Proxy:
         headers = [("content-type", JSON), ("x-request-id", call.rid)]
         if f.retry_after is not None:
             headers.append(("retry-after", str(f.retry_after)))
-        try:
+        with contextlib.suppress(ProtocolClosed):
             protocol.response_bytes(f.kind.status, headers, error_body(f.kind, str(f)))
-        except ProtocolClosed:
-            pass
 
     # -- attempts -----------------------------------------------------------------
     async def _attempts(self, protocol: Any, call: Call, path: bytes, body: bytes,
@@ -444,10 +444,8 @@ class Proxy:
                 raise _Retry(failure) from None
             self._stream_usage(call, tap)
             call.status = failure.status
-            try:
+            with contextlib.suppress(ProtocolClosed):
                 await transport.send_bytes(sse_error_event(failure.kind, str(failure)))
-            except ProtocolClosed:
-                pass
             return
         ex.finish()
         self.replicas.succeeded(r)
@@ -555,5 +553,6 @@ def _upstream_failure(r: Replica, e: UpstreamError, idle: float) -> Failure:
     if isinstance(e, UpstreamTimeout):
         what = f"went silent for {idle:g}s" if e.phase == "idle" else "ran past the total deadline"
         return Failure(Kind.UPSTREAM_TIMEOUT, f"replica {r.id} {what}; the answer is incomplete", "timeout")
-    return Failure(Kind.UPSTREAM_FAILED, f"replica {r.id} failed mid-answer ({truncate(str(e))}); the answer is incomplete",
+    return Failure(Kind.UPSTREAM_FAILED,
+                   f"replica {r.id} failed mid-answer ({truncate(str(e))}); the answer is incomplete",
                    "upstream_error")

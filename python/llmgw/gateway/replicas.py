@@ -21,6 +21,7 @@ only when both agree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
@@ -267,10 +268,8 @@ class ReplicaSet:
                 r.probe.cancel()
                 r.probe = None
         for t in tasks:
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await t
-            except asyncio.CancelledError:
-                pass
         for r in self.replicas:
             if r.timer is not None:
                 r.timer.cancel()

@@ -21,6 +21,7 @@ is encoded in a burst when a post leaves. When records go only to the control pl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -235,10 +236,8 @@ class UsageSink:
                 # A tick that came during the last post is not a reason to post again at once:
                 # the next post waits for the next tick, with the lease call it brings.
                 ticks.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ticks.wait(), self.interval + self._period)
-                except TimeoutError:
-                    pass
             self.flush()
             await self.send()
 
@@ -357,10 +356,8 @@ class UsageSink:
         """Stops the flush task and writes everything that is left."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         self.flush()
         loop = asyncio.get_running_loop()

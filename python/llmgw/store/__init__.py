@@ -1,4 +1,5 @@
-"""The store: one schema, two backends (SQLite embedded, PostgreSQL via asyncpg); imports nothing from gateway/ or admin/.
+"""The store: one schema, two backends (SQLite embedded, PostgreSQL via asyncpg); imports
+nothing from gateway/ or admin/.
 
 `connect(url)` opens a `Database`; `migrate(db)` applies the numbered files in
 `migrations/`. Everything above this package speaks `$1`-style parameterized

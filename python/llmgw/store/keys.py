@@ -140,7 +140,7 @@ async def issue_key(db: Database, actor: str, *, project: str, name: str, hash_k
 
 
 async def update_key(db: Database, actor: str, key_id: str, *, name: str | UnsetType = UNSET,
-                     limits: Limits | None | UnsetType = UNSET) -> KeyView:
+                     limits: Limits | UnsetType | None = UNSET) -> KeyView:
     """Renames a key or replaces its limits (None: no limits of its own)."""
     async with db.transaction() as tx:
         before = await get_key(tx, key_id)

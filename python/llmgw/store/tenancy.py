@@ -138,8 +138,8 @@ def _sibling(parent_kind: str, parent: str, kind: str, name: str) -> Taken:
 
 
 async def update_org(db: Database, actor: str, ref: str, *, name: str | UnsetType = UNSET,
-                     max_key_ttl: float | None | UnsetType = UNSET,
-                     limits: Limits | None | UnsetType = UNSET) -> OrgView:
+                     max_key_ttl: float | UnsetType | None = UNSET,
+                     limits: Limits | UnsetType | None = UNSET) -> OrgView:
     """Renames an organization or changes its maximum key lifetime or limits."""
     async with db.transaction() as tx:
         before = await get_org(tx, ref)
@@ -209,8 +209,8 @@ async def create_team(db: Database, actor: str, org: str, name: str, *,
 
 
 async def update_team(db: Database, actor: str, ref: str, *, name: str | UnsetType = UNSET,
-                      org: str | UnsetType = UNSET, max_key_ttl: float | None | UnsetType = UNSET,
-                      limits: Limits | None | UnsetType = UNSET) -> TeamView:
+                      org: str | UnsetType = UNSET, max_key_ttl: float | UnsetType | None = UNSET,
+                      limits: Limits | UnsetType | None = UNSET) -> TeamView:
     """Renames a team, moves it to another organization (`org`), or changes its settings."""
     async with db.transaction() as tx:
         before = await get_team(tx, ref)
@@ -288,9 +288,9 @@ async def create_project(db: Database, actor: str, team: str, name: str, *,
 
 
 async def update_project(db: Database, actor: str, ref: str, *, name: str | UnsetType = UNSET,
-                         team: str | UnsetType = UNSET, limits: Limits | None | UnsetType = UNSET,
+                         team: str | UnsetType = UNSET, limits: Limits | UnsetType | None = UNSET,
                          keep_bodies: bool | UnsetType = UNSET,
-                         max_key_ttl: float | None | UnsetType = UNSET) -> ProjectView:
+                         max_key_ttl: float | UnsetType | None = UNSET) -> ProjectView:
     """Renames a project, moves it to another team (`team`), or changes its settings."""
     async with db.transaction() as tx:
         before = await get_project(tx, ref)
@@ -328,7 +328,7 @@ async def delete_project(db: Database, actor: str, ref: str) -> ProjectView:
         if project.keys:
             raise Taken("tenancy.not_empty",
                         f"project {project.path!r} still has {project.keys} key(s) not revoked; "
-                        "revoke them first (llmgw ctl keys list --project ...)", "project")
+                        f"revoke them first (llmgw ctl keys list --in {project.path})", "project")
         await tx.execute("DELETE FROM api_keys WHERE project_id = $1", project.id)
         await tx.execute("DELETE FROM memberships WHERE scope_id = $1", project.id)
         await tx.execute("DELETE FROM projects WHERE id = $1", project.id)

@@ -89,7 +89,7 @@ async def create_user(db: Database, actor: str, name: str, email: str | None = N
 
 
 async def update_user(db: Database, actor: str, ref: str, *, name: str | UnsetType = UNSET,
-                      email: str | None | UnsetType = UNSET) -> UserView:
+                      email: str | UnsetType | None = UNSET) -> UserView:
     """Renames a user or changes their email."""
     async with db.transaction() as tx:
         before = await get_user(tx, ref)
