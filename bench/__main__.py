@@ -59,6 +59,18 @@ def _scenario(args: argparse.Namespace) -> int:
 
 
 def _table(args: argparse.Namespace) -> int:
+    if not args.files:
+        from bench.table import write
+
+        page = Path(args.out)
+        changed = write(Path(args.results), page)
+        if args.check and changed:
+            print(f"bench table: {page} did not match {args.results}; it is rewritten now, "
+                  "commit it", file=sys.stderr)
+            return 1
+        print(f"bench: {'wrote' if changed else 'unchanged'} {page}", file=sys.stderr)
+        return 0
+
     from bench.report import Result, markdown
     from bench.scenarios import SCENARIOS, load
 
@@ -126,8 +138,16 @@ def main(argv: list[str] | None = None) -> int:
 
     add_pool(sub)
 
-    tb = sub.add_parser("table", help="print result files as Markdown tables (for bench/README.md)")
-    tb.add_argument("files", nargs="+")
+    from bench.table import PAGE, RESULTS
+
+    tb = sub.add_parser("table", help="write bench/RESULTS.md from bench/results/, or print the "
+                        "tables of the result files named")
+    tb.add_argument("files", nargs="*", help="result files to print as Markdown (default: none, "
+                    "write the page instead)")
+    tb.add_argument("--results", default=str(RESULTS), help="folder of result files to read")
+    tb.add_argument("--out", default=str(PAGE), help="the page to write (default bench/RESULTS.md)")
+    tb.add_argument("--check", action="store_true",
+                    help="exit 1 when the page was out of date (it is rewritten all the same)")
     tb.set_defaults(fn=_table)
 
     args = p.parse_args(argv)
