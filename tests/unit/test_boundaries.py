@@ -118,7 +118,7 @@ def test_the_reader_finds_lazy_and_relative_imports_and_skips_type_checking_ones
     # The walker itself: a forbidden import hidden in a function or spelled relatively is
     # found; one under TYPE_CHECKING is not (it never runs).
     src = ("from typing import TYPE_CHECKING\n"
-           "from ..gateway import app\n"
+           "from ...gateway import app\n"
            "from . import cache\n"
            "if TYPE_CHECKING:\n    from llmgw.cli import main\n"
            "def f():\n    import llmgw._core\n")
