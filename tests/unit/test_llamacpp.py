@@ -81,9 +81,9 @@ def test_without_llama_cpp_both_commands_give_the_portable_install(
 
 
 def test_the_readme_and_the_makefile_build_with_the_flags_the_commands_print() -> None:
-    """The portable flags are written in four places (the two errors' `INSTALL`, the README's
-    Quickstart and troubleshooting commands, the Makefile's wheel build): one changed alone
-    would have a user, or CI, build llama.cpp differently from what the others say."""
+    """The portable flags are written in four places (the two errors' `INSTALL`, the two commands
+    of docs/troubleshooting.md, the Makefile's wheel build): one changed alone would have a
+    user, or CI, build llama.cpp differently from what the others say."""
     import re
 
     from llmgw.engines.llamacpp import INSTALL
@@ -92,7 +92,7 @@ def test_the_readme_and_the_makefile_build_with_the_flags_the_commands_print() -
     found = re.search(r'CMAKE_ARGS="([^"]+)"', INSTALL)
     assert found is not None
     flags = found.group(1)
-    assert (root / "README.md").read_text().count(f'CMAKE_ARGS="{flags}"') == 2
+    assert (root / "docs/troubleshooting.md").read_text().count(f'CMAKE_ARGS="{flags}"') == 2
     makefile = re.search(r"^LLAMA_CMAKE_ARGS := (.+)$", (root / "Makefile").read_text(), re.MULTILINE)
     assert makefile is not None
     # The Makefile may add flags for the machines it builds on (AVX, BMI2), never leave one out.

@@ -276,7 +276,7 @@ def load(config: LlamaConfig) -> LlamaApp:
         kw["chat_format"] = config.chat_format
     llm = llama_cpp.Llama(model_path=config.model_path, **kw)
     # One token through the model before the port opens. A llama-cpp-python built for
-    # instructions this CPU refuses (AMX on some VMs: the README's CMAKE_ARGS) faults on
+    # instructions this CPU refuses (AMX on some VMs: docs/troubleshooting.md) faults on
     # its first evaluation: here the engine then dies at start, with faulthandler's
     # traceback ending on this line, and no client request dies with it.
     faulthandler.enable()
