@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import refused_port as _refused_port
+
 
 @pytest.fixture(autouse=True)
 def _collect_garbage() -> Iterator[None]:
@@ -20,6 +22,13 @@ def _collect_garbage() -> Iterator[None]:
     run when the collector next gets to it."""
     yield
     gc.collect()
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that refuses connections for the whole test (`support.procs`)."""
+    with _refused_port() as port:
+        yield port
 
 
 # Every process the suite starts inherits this marker (servers, agents, and the engines

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from types import SimpleNamespace
 from typing import Any, TypeVar
@@ -29,13 +28,6 @@ def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, T]], T]
             return uvloop.run(asyncio.wait_for(coro, 10))
         return asyncio.run(asyncio.wait_for(coro, 10))
     return go
-
-
-def closed_port() -> int:
-    """A local port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def with_leader(handler: Handler, call: Callable[[str], Awaitable[T]]) -> T:
@@ -82,8 +74,8 @@ def test_passes_request_and_answer(run: Callable[[Coroutine[Any, Any, Any]], Any
     assert lines[-1] == b"body"
 
 
-def test_leader_refuses(run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+def test_leader_refuses(run: Callable[[Coroutine[Any, Any, Any]], Any], refused_port: int) -> None:
+    url = f"http://127.0.0.1:{refused_port}"
     with pytest.raises(fwd.ForwardError) as e:
         run(fwd.forward(url, "GET", "/api/v1/orgs", "", b"", {}, "cp-b"))
     # The OSError's own text, which says it differently on each loop.
@@ -127,8 +119,8 @@ def test_bad_leader_url() -> None:
 
 
 def test_standby_answers_503_when_the_leader_is_unreachable(
-        run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+        run: Callable[[Coroutine[Any, Any, Any]], Any], refused_port: int) -> None:
+    url = f"http://127.0.0.1:{refused_port}"
     leadership = SimpleNamespace(is_leader=False, ttl=3.0, every=1.0, id="cp-b",
                                  other_leader=lambda: SimpleNamespace(admin_url=url))
     app = AdminApp(SimpleNamespace(leadership=leadership, routes=[]))  # type: ignore[arg-type]

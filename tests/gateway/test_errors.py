@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tests.support.gateway import Gateway
-from tests.support.procs import Proc, free_port
+from tests.support.procs import Proc
 
 
 def post(
@@ -82,10 +82,9 @@ def test_a_chunked_body_over_the_limit_is_413(gateway_factory: Callable[..., Gat
 
 
 def test_no_healthy_replica_is_503_with_retry_after(
-    gateway_factory: Callable[..., Gateway],
+    gateway_factory: Callable[..., Gateway], refused_port: int,
 ) -> None:
-    dead = free_port()  # nothing listens there
-    gw = gateway_factory([f"r1=http://127.0.0.1:{dead}=sim-model"], {"retries": 0})
+    gw = gateway_factory([f"r1=http://127.0.0.1:{refused_port}=sim-model"], {"retries": 0})
     # The first health probe or the first connect error takes the replica out.
     first = post(gw, "/v1/chat/completions", CHAT)
     assert first[0] in (502, 503)

@@ -12,6 +12,7 @@ the process tests (tests/fleet, tests/agent, ...).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -23,7 +24,7 @@ import subprocess
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -65,6 +66,18 @@ def free_port(span: int = 1) -> int:
         _given.update(run)
         return low
     raise RuntimeError(f"no {span} free consecutive ports between {_LOWEST} and {top + span}")
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that refuses connections while the block runs.
+
+    Bound and never listening: a connect gets ECONNREFUSED, and no other process can take
+    the port meanwhile, as it could one found free and let go before it is dialled.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
 
 
 def _bindable(port: int) -> bool:
