@@ -1,6 +1,6 @@
-"""`--base REV`: llmgw's gateway as it was at another commit, in the same rounds as today's.
+"""`--base REV`: llmgw's gateway as it was at another commit, in the same rounds as the working tree's.
 
-A change's speed is claimed as a ratio measured side by side in one run (BENCHMARKS.md),
+A change's speed is claimed as a ratio measured side by side in one run (docs/benchmarks.md),
 so the code before the change runs beside the code after it: the target `llmgw-base` is
 the plain gateway with the same arguments as `llmgw`, its Python from `git archive REV
 python` and its Rust core this build's own. That holds only when `rust/` is the same at REV

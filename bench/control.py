@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--agents", type=int, default=1000, help="agents sending heartbeats")
     ap.add_argument("--beats", type=int, default=50_000, help="heartbeats in all")
-    ap.add_argument("--json", help="write the result here (bench/results/control-DATE.json)")
+    ap.add_argument("--json", help="write the result here (bench/results/control-DATE-HOST.json)")
     args = ap.parse_args(argv)
 
     desired = catalog(args.models)

@@ -18,7 +18,7 @@ import msgspec
 from bench.load import LoadResult, LoadSpec
 
 DIRECT = "direct"
-VOID_FACTOR = 3.0  # BENCHMARKS.md rule 2: direct must reach 3x the best gateway
+VOID_FACTOR = 3.0  # the void rule (docs/benchmarks.md): direct must reach 3x the best gateway
 
 
 class Machine(msgspec.Struct, kw_only=True):
@@ -184,7 +184,7 @@ def git_state(root: str) -> str:
 
 
 def void_check(summary: list[Row]) -> tuple[bool, str]:
-    """BENCHMARKS.md rule 2, per concurrency level: direct req/s >= 3x the best gateway's.
+    """The void rule, per concurrency level: direct req/s >= 3x the best gateway's.
 
     A level with no direct figure, or no gateway figure, cannot be checked and is void; so
     is one where a target answered nothing but errors (a broken build measures nothing).
