@@ -64,6 +64,8 @@ class Pooled(msgspec.Struct, kw_only=True):
     code_note: str
     target: float
     levels: list[Level]
+    machines: list[str] = []
+    """Each run's CPU model, in the order of `files`: a pool is read for one kind of host."""
 
 
 class PoolError(Exception):
@@ -162,7 +164,8 @@ def main(args: argparse.Namespace) -> int:
         levels = [int(x) for x in args.concurrency.split(",")] if args.concurrency else None
         out = Pooled(date=today(), made_at=now_iso(), command=command(args),
                      files=list(args.files), code=commits, code_note=note, target=TARGET,
-                     levels=pool(results, levels))
+                     levels=pool(results, levels),
+                     machines=[r.machine.cpu_model for r in results])
     except PoolError as e:
         print(f"bench pool: {e}", file=sys.stderr)
         return 2

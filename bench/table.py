@@ -125,6 +125,11 @@ def host_of(doc: dict[str, Any]) -> str:
             facts.append(f"LD_PRELOAD={Path(str(machine['preload'])).name}")
         kind = host_kind(model) or NOT_RECORDED
         return f"{kind} ({', '.join(facts)})" if facts else kind
+    machines = doc.get("machines")  # a pooled file: each run's CPU model
+    if isinstance(machines, list) and machines:
+        kinds = sorted({host_kind(str(m)) or NOT_RECORDED for m in machines})
+        models = sorted({str(m) for m in machines})
+        return f"{', '.join(kinds)} ({len(machines)} runs: {', '.join(models)})"
     if isinstance(machine, str) and host_kind(machine) in ("amd", "intel"):
         return f"{host_kind(machine)} ({machine})"
     if isinstance(machine, str) and machine:

@@ -48,6 +48,11 @@ def test_the_newest_result_of_each_scenario_leads(tmp_path: Path) -> None:
     soak = by["soak"][0]
     assert (soak.commit, soak.command) == (NOT_RECORDED, NOT_RECORDED)
 
+    pooled = {"kind": "pooled-throughput-keys", "date": "2026-01-04", "code": ["abc", "abc"],
+              "machines": ["AMD EPYC", "AMD EPYC"], "levels": []}
+    (tmp_path / "pooled-2026-01-04-amd.json").write_text(json.dumps(pooled))
+    assert collect(tmp_path)["pooled-throughput-keys"][0].host == "amd (2 runs: AMD EPYC)"
+
     page = render(tmp_path)
     assert page == render(tmp_path)
     section = page.split("## overhead", 1)[1].split("## soak", 1)[0]
