@@ -197,7 +197,7 @@ def test_error_answers(store_url: str) -> None:
             "not a member": (
                 404,
                 "members.not_found",
-                "user 'alice' is not a member at org:acme; list that scope's members with `llmgw ctl members list --scope org:acme`",
+                "user 'alice' is not a member at org:acme; list that scope's members with `llmgw ctl members list --in acme`",
             ),
             "bad email": (
                 400,

@@ -24,7 +24,8 @@ async def remove_member(db: Database, actor: str, user: str, scope: str) -> Memb
         member = await get_member(tx, u.id, scope_id)
         if member is None:
             raise NotFound("members.not_found", f"user {u.name!r} is not a member at {label}; "
-                           f"list that scope's members with `llmgw ctl members list --scope {label}`",
+                           f"list that scope's members with `llmgw ctl members list --in "
+                           f"{label.partition(':')[2]}`",
                            "scope")
         await tx.execute("DELETE FROM memberships WHERE user_id = $1 AND scope_id = $2",
                          u.id, scope_id)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from . import paths
 from .client import Answer, Client, Unreachable
 from .commands import COMMANDS, Arg, Command
 from .render import block, table
@@ -57,7 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         if cmd.noun not in verb_groups:
             verb_groups[cmd.noun] = noun.add_subparsers(
                 dest="ctl_verb", metavar="VERB", required=noun.get_default("_ctl") is None)
-        p = verb_groups[cmd.noun].add_parser(cmd.verb, help=cmd.help, description=cmd.help[0].upper() + cmd.help[1:] + ".")
+        p = verb_groups[cmd.noun].add_parser(
+            cmd.verb, help=cmd.help, description=cmd.help[0].upper() + cmd.help[1:] + ".")
         _add_args(p, cmd)
         if cmd.output == "csv":
             p.add_argument("--output", "-o", metavar="FILE", type=Path, help="write to FILE, not stdout")
@@ -67,22 +70,58 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _add_args(p: argparse.ArgumentParser, cmd: Command) -> None:
     for a in cmd.args:
         dest = _dest(a)
+        if a.replaces:
+            p.add_argument(a.replaces, dest=_old(a), help=argparse.SUPPRESS)
         if not a.flag.startswith("-"):
             p.add_argument(dest, metavar=a.flag, help=a.help)
+            if a.kind in _NEW:
+                # `teams create acme ml`: parsed, so that it is answered with the one-path form.
+                p.add_argument(_old(a), nargs="?", help=argparse.SUPPRESS)
         elif a.kind == "flag":
             p.add_argument(a.flag, dest=dest, action="store_true", help=a.help)
         elif a.kind == "bool":
             p.add_argument(a.flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=a.help)
         else:
+            metavar = (None if a.choices else _FORMS.get(a.kind)
+                       or a.flag.lstrip("-").upper().replace("-", "_"))
             p.add_argument(a.flag, dest=dest, required=a.required, choices=a.choices,
                            default=a.default, type=int if a.kind == "int" else str, help=a.help,
-                           metavar=None if a.choices else a.flag.lstrip("-").upper().replace("-", "_"))
+                           metavar=metavar)
     # Also after the verb (`ctl orgs list --json`), not only before the noun.
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
+_LEVELS: dict[str, paths.Level] = {"org": "org", "team": "team", "project": "project"}
+_NEW: dict[str, paths.Level] = {"new-org": "org", "new-team": "team", "new-project": "project"}
+_PARENT = {"team": "org", "project": "team"}
+"""The body field a new team's or project's parent path goes to."""
+_FORMS = {**paths.FORM, "scope": "SCOPE"}
+
+
 def _dest(a: Arg) -> str:
-    return "arg_" + a.flag.lstrip("-").replace("-", "_").lower()
+    return "arg_" + re.sub(r"[^a-z0-9]+", "_", a.flag.lstrip("-").lower())
+
+
+def _old(a: Arg) -> str:
+    """Where an old spelling of `a` lands: an option it replaces, a second positional."""
+    return "old_" + _dest(a)
+
+
+def _old_forms(cmd: Command, args: argparse.Namespace) -> None:
+    """Refuses an option or argument form that a path argument takes the place of, showing
+    the command in the path form."""
+    for a in cmd.args:
+        old = getattr(args, _old(a), None)
+        if old is None:
+            continue
+        words = f"llmgw ctl {cmd.noun} {cmd.verb}"
+        if a.replaces:
+            raise _Usage(f"{a.replaces} is spelled {a.flag} here, with a path: "
+                         f"{words} {a.flag} {paths.unprefixed(old)}")
+        level = _NEW[a.kind]
+        raise _Usage(f"{cmd.noun} {cmd.verb} takes the new {paths.WHAT[level]} as one path, "
+                     f"{paths.FORM[level]}, not as two arguments: "
+                     f"{words} {getattr(args, _dest(a))}/{old}")
 
 
 def _token(args: argparse.Namespace) -> tuple[str | None, str]:
@@ -108,6 +147,7 @@ def _read_token(path: Path) -> str | None:
 
 
 def _request(cmd: Command, args: argparse.Namespace) -> tuple[str, dict[str, str], bytes | None]:
+    _old_forms(cmd, args)
     path = cmd.path
     query: dict[str, str] = {}
     body: dict[str, Any] = {}
@@ -115,6 +155,17 @@ def _request(cmd: Command, args: argparse.Namespace) -> tuple[str, dict[str, str
         value = getattr(args, _dest(a))
         if value is None or (a.kind == "flag" and not value):
             continue
+        try:
+            if a.kind in _LEVELS:
+                value = paths.reference(_LEVELS[a.kind], str(value), a.flag)
+            elif a.kind == "scope":
+                value = paths.scope(str(value), a.flag)
+            elif a.kind in _NEW:
+                parent, value = paths.new(_NEW[a.kind], str(value), a.flag)
+                if parent:
+                    body[_PARENT[_NEW[a.kind]]] = parent
+        except paths.BadPath as e:
+            raise _Usage(str(e)) from None
         if a.kind == "int" and not isinstance(value, int):
             try:
                 value = int(value)
@@ -126,7 +177,7 @@ def _request(cmd: Command, args: argparse.Namespace) -> tuple[str, dict[str, str
             body = _model_file(Path(value))
             continue
         if a.to == "path":
-            text = str(value).replace("/", ":") if a.kind == "ref" else str(value)
+            text = str(value).replace("/", ":") if a.kind in _LEVELS else str(value)
             path = path.replace("{" + a.field + "}", quote(text, safe=":"))
         elif a.to == "query":
             query[a.field] = "true" if value is True else str(value)
@@ -230,7 +281,8 @@ def _show(cmd: Command, args: argparse.Namespace, answer: Answer) -> int:
             args.output.write_bytes(answer.body)
             print(f"wrote {args.output}", file=sys.stderr)
         else:
-            sys.stdout.write(answer.body.decode())
+            text = answer.body.decode()
+            sys.stdout.write(text if not text or text.endswith("\n") else text + "\n")
         return OK
     data: Any = json.loads(answer.body) if answer.body else None
     if args.json:

@@ -11,8 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .paths import EXAMPLE, FORM
+
 Where = Literal["path", "query", "body"]
-Kind = Literal["text", "ref", "int", "bool", "flag", "list", "model"]
+Kind = Literal["text", "org", "team", "project", "scope", "new-org", "new-team", "new-project",
+               "int", "bool", "flag", "list", "model"]
 Output = Literal["table", "object", "key", "token", "csv", "json", "routes", "done"]
 ColumnKind = Literal["text", "time", "duration", "limits", "bool"]
 
@@ -27,13 +30,20 @@ class Arg:
     """The path parameter, query parameter or body field; dotted for a nested body field."""
     help: str
     kind: Kind = "text"
-    """ref: a path like acme/ml, sent as acme:ml in a URL path; flag: an on/off option
-    sent as true when given; bool: --x / --no-x; list: comma-separated values, sent as a
-    JSON list; model: a YAML or JSON file holding one model, as in server.yaml's `models:`,
-    sent (validated, sizes in bytes) as the whole body."""
+    """org, team, project: an existing one, by its ID or its path (acme, acme/ml,
+    acme/ml/chat), checked here and sent with ':' for '/' in a URL path; scope: the path of
+    an org, team or project (its depth says which) or an ID, sent as `team:acme/ml`;
+    new-org, new-team, new-project: the path of one to create, its last name sent as `field`
+    and its parent's path as `org` (a team's) or `team` (a project's); flag: an on/off
+    option sent as true when given; bool: --x / --no-x; list: comma-separated values, sent
+    as a JSON list; model: a YAML or JSON file holding one model, as in server.yaml's
+    `models:`, sent (validated, sizes in bytes) as the whole body."""
     required: bool = False
     choices: tuple[str, ...] | None = None
     default: str | None = None
+    replaces: str = ""
+    """An option this one takes the place of (`--org` for `--in`): given, it is refused with
+    a sentence showing this one, before anything is sent."""
 
 
 @dataclass(frozen=True)
@@ -109,8 +119,13 @@ _AUDIT = (Column("AT", "at", "time"), Column("ACTOR", "actor"), Column("ACTION",
 def _tree(noun: str, one: str, base: str, param: str, columns: tuple[Column, ...],
           list_args: tuple[Arg, ...], create_args: tuple[Arg, ...],
           change_args: tuple[Arg, ...], move: Arg | None, ref: Kind) -> list[Command]:
-    """list, create, get, rename, [move], set, delete of one kind of tenancy object."""
-    target = Arg(param.upper(), "path", param, f"the {one}: its ID or {'path' if ref == 'ref' else 'name'}", ref)
+    """list, create, get, rename, [move], set, delete of one kind of tenancy object; `ref` is
+    how one is named: text (a user's name or ID) or org, team, project (an ID or a path)."""
+    if ref == "text":
+        target = Arg(param.upper(), "path", param, f"the {one}: its ID or name")
+    else:
+        target = Arg(FORM[ref], "path", param,
+                     f"the {one}: its path, like {EXAMPLE[ref]}, or its ID", ref)
     path = f"{base}/{{{param}}}"
     cmds = [
         Command(noun, "list", "GET", base, f"list the {noun}", list_args, columns),
@@ -132,51 +147,59 @@ def _tree(noun: str, one: str, base: str, param: str, columns: tuple[Column, ...
 
 COMMANDS: list[Command] = [
     *_tree("orgs", "organization", "/api/v1/orgs", "org", _ORG, (),
-           (Arg("NAME", "body", "name", "the organization's name"), _ttl("organization"),
-            *_limits("organization")),
-           (_ttl("organization"), *_limits("organization")), None, "text"),
+           (Arg("ORG", "body", "name", "the new organization's name, like acme", "new-org"),
+            _ttl("organization"), *_limits("organization")),
+           (_ttl("organization"), *_limits("organization")), None, "org"),
     *_tree("teams", "team", "/api/v1/teams", "team", _TEAM,
-           (Arg("--org", "query", "org", "only this organization's teams"),),
-           (Arg("ORG", "body", "org", "the organization it belongs to"),
-            Arg("NAME", "body", "name", "the team's name"), _ttl("team"), *_limits("team")),
+           (Arg("--in", "query", "org", "only this organization's teams (ORG or ID)", "org",
+                replaces="--org"),),
+           (Arg("ORG/TEAM", "body", "name", "the new team's path, like acme/ml", "new-team"),
+            _ttl("team"), *_limits("team")),
            (_ttl("team"), *_limits("team")),
-           Arg("ORG", "body", "org", "the organization to move it to"), "ref"),
+           Arg("ORG", "body", "org", "the organization to move it to (ORG or ID)", "org"), "team"),
     *_tree("projects", "project", "/api/v1/projects", "project", _PROJECT,
-           (Arg("--team", "query", "team", "only this team's projects (ORG/TEAM or ID)"),),
-           (Arg("TEAM", "body", "team", "the team it belongs to (ORG/TEAM or ID)"),
-            Arg("NAME", "body", "name", "the project's name"), _ttl("project"),
+           (Arg("--in", "query", "team", "only this team's projects (ORG/TEAM or ID)", "team",
+                replaces="--team"),),
+           (Arg("ORG/TEAM/PROJECT", "body", "name", "the new project's path, like acme/ml/chat",
+                "new-project"), _ttl("project"),
             Arg("--keep-bodies", "body", "keep_bodies", "keep request and response bodies", "bool"),
             *_limits("project")),
            (_ttl("project"),
             Arg("--keep-bodies", "body", "keep_bodies", "keep request and response bodies", "bool"),
             *_limits("project")),
-           Arg("TEAM", "body", "team", "the team to move it to (ORG/TEAM or ID)"), "ref"),
+           Arg("ORG/TEAM", "body", "team", "the team to move it to (ORG/TEAM or ID)", "team"),
+           "project"),
     *_tree("users", "user", "/api/v1/users", "user", _USER, (),
            (Arg("NAME", "body", "name", "the user's name"), Arg("--email", "body", "email", "their email")),
            (Arg("--email", "body", "email", "their email"),), None, "text"),
     Command("members", "list", "GET", "/api/v1/members", "list memberships",
-            (Arg("--scope", "query", "scope", "only this scope: org:ACME, team:ACME/ML, project:ACME/ML/CHAT"),),
+            (Arg("--in", "query", "scope", "only those at this scope: ORG, ORG/TEAM or "
+                 "ORG/TEAM/PROJECT (or an ID)", "scope", replaces="--scope"),),
             _MEMBER),
     Command("members", "add", "POST", "/api/v1/members", "give a user a role in a scope",
             (Arg("USER", "body", "user", "the user: ID or name"),
-             Arg("SCOPE", "body", "scope", "org:ACME, team:ACME/ML or project:ACME/ML/CHAT"),
+             Arg("SCOPE", "body", "scope", "where: ORG, ORG/TEAM or ORG/TEAM/PROJECT (or an ID)",
+                 "scope"),
              Arg("--role", "body", "role", "the role (default member)",
                  choices=("owner", "admin", "member", "viewer"), default="member")),
             _MEMBER, "object"),
     Command("members", "remove", "DELETE", "/api/v1/members/{user}",
             "take a user out of a scope (revokes their keys there)",
             (Arg("USER", "path", "user", "the user: ID or name"),
-             Arg("SCOPE", "query", "scope", "org:ACME, team:ACME/ML or project:ACME/ML/CHAT, as for add")),
+             Arg("SCOPE", "query", "scope",
+                 "ORG, ORG/TEAM or ORG/TEAM/PROJECT (or an ID), as for add", "scope")),
             _MEMBER, "done", "removed {user} from {scope}"),
     Command("keys", "issue", "POST", "/api/v1/keys", "issue an API key (shown once)",
-            (Arg("PROJECT", "body", "project", "the project (ORG/TEAM/PROJECT or ID)"),
+            (Arg("ORG/TEAM/PROJECT", "body", "project", "the project (ORG/TEAM/PROJECT or ID)",
+                 "project"),
              Arg("NAME", "body", "name", "a name to recognise the key by"),
              Arg("--user", "body", "user", "the user it is for (a member covering the project)"),
              Arg("--ttl", "body", "ttl", "its lifetime, like 30d (default: the smallest maximum)"),
              *_limits("key")),
             _KEY, "key"),
     Command("keys", "list", "GET", "/api/v1/keys", "list API keys",
-            (Arg("--project", "query", "project", "only this project's keys"),
+            (Arg("--in", "query", "project", "only this project's keys (ORG/TEAM/PROJECT or ID)",
+                 "project", replaces="--project"),
              Arg("--user", "query", "user", "only this user's keys"),
              Arg("--revoked", "query", "revoked", "list revoked keys too", "flag")),
             _KEY),
