@@ -10,24 +10,19 @@ import resource
 import shutil
 import sys
 import tempfile
+from typing import Any
 
 import msgspec
 
-from llmgw.config import (
-    CONFIG_ENV,
-    ConfigError,
-    GatewayConfig,
-    encode_gateway,
-    parse_endpoint,
-    read_server_yaml,
-    validate_server,
-)
+from llmgw.config import CONFIG_ENV, ConfigError, GatewayConfig, encode_gateway, parse_endpoint
 from llmgw.net.serving import serve_app
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Adds the gateway's options."""
-    parser.add_argument("--config", metavar="PATH", help="server.yaml to read (its `gateway:` section)")
+    parser.add_argument("--config", metavar="PATH",
+                        help="server.yaml to read (its `gateway:` section; the whole file is "
+                             "checked, as by `llmgw config check`)")
     parser.add_argument("--endpoint", metavar="ID=URL=MODEL[,MODEL]", action="append", default=[],
                         help="a replica to route to (repeatable); added to those of --config")
     parser.add_argument("--alias", metavar="NAME=MODEL", action="append", default=[],
@@ -45,33 +40,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace) -> GatewayConfig:
     """The configuration from --config and the flags that override it."""
-    # Flags are merged into the file's raw values and the result validated once,
-    # so that an alias in the file may point at a model only a flag's endpoint serves.
-    raw = (read_server_yaml(args.config).get("gateway") or {}) if args.config else {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"configuration file {args.config}: `gateway` must be a mapping")
-    raw.setdefault("endpoints", [])
-    raw.setdefault("aliases", {})
-    raw["endpoints"] += [msgspec.to_builtins(parse_endpoint(s)) for s in args.endpoint]
-    for spec in args.alias:
-        name, sep, target = spec.partition("=")
-        if not sep or not name or not target:
-            raise ConfigError(f"--alias {spec!r} is not NAME=MODEL; example: --alias gpt-4o=llama-3-70b")
-        raw["aliases"][name] = target
-    for key in ("host", "port", "workers", "usage_log"):
-        value = getattr(args, key)
-        if value is not None:
-            raw[key] = value
-    if args.control_plane is not None:
-        cp = raw.get("control_plane") or {}
-        cp["url"] = args.control_plane
-        raw["control_plane"] = cp
-    if args.data_dir is not None:
-        if not raw.get("control_plane"):
-            raise ConfigError("--data-dir is only used with --control-plane URL (or control_plane.url in --config)")
-        raw["control_plane"]["data_dir"] = args.data_dir
+    from llmgw.config.file import check_server, read_server_yaml
+
+    # Flags are merged into the file's raw values and the whole file checked once, so that
+    # an alias in the file may point at a model only a flag's endpoint serves.
+    doc = read_server_yaml(args.config) if args.config else {}
+    raw = doc.get("gateway") or {}
+    if isinstance(raw, dict):  # else the check below says what it is
+        doc["gateway"] = _with_flags(raw, args)
     where = f"configuration file {args.config}" if args.config else "gateway configuration"
-    cfg = validate_server({"gateway": raw}, where).gateway
+    cfg = check_server(doc, where).gateway
     # The router's own checks, here rather than in each worker after the fork.
     from llmgw.gateway.routing import validate
 
@@ -83,6 +61,33 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
 
         load_credentials(cfg.control_plane)
     return cfg
+
+
+def _with_flags(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The file's raw `gateway:` section with the flags given merged in."""
+    flagged = [msgspec.to_builtins(parse_endpoint(s)) for s in args.endpoint]
+    endpoints = raw.get("endpoints")
+    raw["endpoints"] = [*endpoints, *flagged] if isinstance(endpoints, list) else endpoints or flagged
+    aliases = raw.setdefault("aliases", {})
+    for spec in args.alias:
+        name, sep, target = spec.partition("=")
+        if not sep or not name or not target:
+            raise ConfigError(f"--alias {spec!r} is not NAME=MODEL; example: --alias gpt-4o=llama-3-70b")
+        if isinstance(aliases, dict):
+            aliases[name] = target
+    for key in ("host", "port", "workers", "usage_log"):
+        value = getattr(args, key)
+        if value is not None:
+            raw[key] = value
+    cp = raw.get("control_plane")
+    if args.control_plane is not None:
+        cp = raw["control_plane"] = {**(cp if isinstance(cp, dict) else {}), "url": args.control_plane}
+    if args.data_dir is not None:
+        if not cp:
+            raise ConfigError("--data-dir is only used with --control-plane URL (or control_plane.url in --config)")
+        if isinstance(cp, dict):
+            cp["data_dir"] = args.data_dir
+    return raw
 
 
 DESCRIPTORS_OF_ITS_OWN = 1024
