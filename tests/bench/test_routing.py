@@ -208,7 +208,7 @@ def test_only_kv_gets_events_and_the_tokenizer(tmp_path: Path) -> None:
     assert "kv_events" not in pf["endpoints"][0]
     assert pf["routing"]["sim-model"] == {"policy": "prefix"}
     # llmgw's own validation accepts it
-    from llmgw.config import ServerFile
+    from llmgw.config.file import ServerFile
 
     msgspec.convert({"gateway": kv}, ServerFile, strict=True)
 

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from llmgw.admin.route import Route
-from llmgw.durations import format_duration, parse_duration, spoken_duration
+from llmgw.config.units import format_duration, parse_duration, spoken_duration
 from llmgw.secrets.keys import HASH_LABEL, Secret, derive, key_hash, key_prefix, new_api_key
 from tests.support.admin_routes import ROUTES
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.config import ConfigError, ControlPlane, Endpoint, load_server_file, parse_endpoint
+from llmgw.config import ConfigError, ControlPlaneLink, Endpoint, parse_endpoint
+from llmgw.config.file import load_server_file
 
 
 def test_endpoint_flag() -> None:
@@ -17,12 +18,12 @@ def test_endpoint_flag() -> None:
 
 
 def test_urls_are_checked_alike() -> None:
-    # Endpoint and ControlPlane share one check (config.check_http_url); each names its field.
+    # Endpoint and ControlPlaneLink share one check (config.check_http_url); each names its field.
     with pytest.raises(ValueError) as e:
         Endpoint(id="a", url="ftp://x", models=["m"])
     assert str(e.value) == "endpoint 'a' has url 'ftp://x'; expected http://HOST:PORT"
     with pytest.raises(ValueError) as e:
-        ControlPlane(url="http://")
+        ControlPlaneLink(url="http://")
     assert str(e.value) == "control_plane.url is 'http://'; expected http://HOST:PORT"
 
 
@@ -89,8 +90,8 @@ def test_several_control_planes_as_a_list_or_with_commas(tmp_path: Path) -> None
     p.write_text("gateway:\n  control_plane: {url: ['http://10.0.0.1:8081', 'ftp://x']}\n")
     with pytest.raises(ConfigError) as e:
         load_server_file(p)
-    assert str(e.value) == (f"configuration file {p} is invalid: control_plane.url is 'ftp://x'; "
-                            "expected http://HOST:PORT - at `$.gateway.control_plane`")
+    assert str(e.value) == (f"configuration file {p} is invalid: $.gateway.control_plane: "
+                            "control_plane.url is 'ftp://x'; expected http://HOST:PORT")
 
 
 def test_the_gateway_raises_its_descriptor_limit_or_says_how(tmp_path: Path) -> None:

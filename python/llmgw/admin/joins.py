@@ -5,7 +5,7 @@ from __future__ import annotations
 from msgspec import Struct
 
 from llmgw.control.pki import Authority, PkiError
-from llmgw.durations import format_duration
+from llmgw.config.units import format_duration
 from llmgw.store import joins
 from llmgw.store.joins import JoinToken
 

@@ -10,7 +10,7 @@ from typing import Annotated, TypeVar
 
 import msgspec
 
-from llmgw.durations import DURATION_PATTERN, DURATION_RULE, parse_duration
+from llmgw.config.units import DURATION_PATTERN, DURATION_RULE, parse_duration
 from llmgw.store.errors import Kind, TenancyError, shown
 from llmgw.store.names import NAME_PATTERN, NAME_RULE
 

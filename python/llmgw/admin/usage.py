@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, get_args
 
-from llmgw.durations import parse_duration
+from llmgw.config.units import parse_duration
 from llmgw.store import Database
 from llmgw.store.usage import (
     DIMENSIONS,

@@ -29,7 +29,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address of the admin listener (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8081, help="port of the admin listener (default 8081)")
-    parser.add_argument("--config", metavar="PATH", help="server.yaml to read (its `control_plane:` and `models:` sections)")
+    parser.add_argument("--config", metavar="PATH",
+                        help="server.yaml to read (its `control_plane:` and `models:` sections; "
+                             "the whole file is checked, as by `llmgw config check`)")
 
 
 def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
@@ -37,21 +39,19 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
     migrates, and puts the process under `cpu_scheduling` (before granian forks the worker,
     which inherits it); returns the worker's config and the lock's file (held while it is
     open)."""
-    from llmgw.control.settings import (
-        ServerConfig,
-        default_data_dir,
-        encode_config,
-        load_models,
-        load_settings,
-    )
+    from llmgw.config.file import load_or_defaults
+    from llmgw.control.catalog import Catalog
+    from llmgw.control.settings import ServerConfig, default_data_dir, encode_config
     from llmgw.secrets import datadir
     from llmgw.store import connect, migrate
 
     data_dir = (args.data_dir or default_data_dir()).expanduser().absolute()
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
-    settings = load_settings(args.config)
-    models = load_models(args.config)
+    # The whole file is checked, as by `llmgw config check`; this process runs two sections.
+    loaded = load_or_defaults(args.config)
+    settings = loaded.control_plane
+    models = list(Catalog(loaded.models))
     datadir.prepare(data_dir)
     store = args.store or f"sqlite:///{data_dir / 'llmgw.db'}"
     lock = _lock_sqlite(store, data_dir)  # first: a second server says only why it cannot run

@@ -16,7 +16,11 @@ the engine simulator instead, which answers at once with made-up text.
 
 The control plane's settings and the model are written to `up-server.yaml` in
 the data dir at every start (and read from there by `llmgw server`), so a run
-with another engine or model replaces the previous one's model.
+with another engine or model replaces the previous one's model. `--config FILE`
+starts from a server.yaml of one's own: its sections are kept, with this
+machine's wiring (the ports, the local agent, the gateway's control plane) over
+them and `up`'s model beside its models; the file is checked first, as by
+`llmgw config check`, and a bad one is refused before anything starts.
 
 At the first start the store is empty: `up` creates the tenancy
 `default/default/default` and issues one key, printed once, so the first
@@ -38,7 +42,7 @@ from typing import IO, Any
 
 import yaml
 
-from llmgw.config import ControlPlane, GatewayConfig, url_host
+from llmgw.config import ConfigError, url_host
 
 from .gateway import serve
 
@@ -57,8 +61,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from llmgw.control.settings import default_data_dir
 
     add = parser.add_argument
-    add("--host", default="127.0.0.1", help="address of the gateway (default 127.0.0.1)")
-    add("--port", type=int, default=8080, help="port of the gateway (default 8080)")
+    add("--config", metavar="PATH", default=None,
+        help="a server.yaml to start from (its gateway:, control_plane: and models:, with this "
+             "machine's ports and agent over them); checked first, as by `llmgw config check`")
+    add("--host", default=None,
+        help="address of the gateway (default gateway.host of --config, else 127.0.0.1)")
+    add("--port", type=int, default=None,
+        help="port of the gateway (default gateway.port of --config, else 8080)")
     add("--admin-port", type=int, default=8081,
         help="port of the control plane's admin API, on 127.0.0.1 (default 8081)")
     add("--agent-port", type=int, default=8082,
@@ -92,17 +101,32 @@ def model_entry(engine: str, name: str, ttft_ms: float, itl_ms: float) -> dict[s
             "profiles": [{"name": "cpu", "engine": engine, "args": args}]}
 
 
-def write_server_yaml(data_dir: Path, agent_port: int, gateway_url: str, model: dict[str, Any]) -> Path:
-    """`up-server.yaml` in the data dir: the control plane's settings and the one model."""
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    doc = {
-        "control_plane": {
-            "agent_host": "127.0.0.1", "agent_port": agent_port,
-            # Plaintext is allowed only on loopback; the agent is on this machine.
-            "agent_insecure": True, "gateway_url": gateway_url,
-        },
-        "models": [model],
+def up_document(given: dict[str, Any], agent_port: int, gateway: dict[str, Any],
+                model: dict[str, Any]) -> dict[str, Any]:
+    """The server.yaml `up` runs: `given` (a checked --config, or nothing) with this machine's
+    wiring over it, `gateway` (host, port, its control plane) merged into its gateway section,
+    and `model` beside its models unless one of them has that name."""
+    section = given.get("control_plane") or {}
+    link = (given.get("gateway") or {}).get("control_plane") or {}
+    doc = {k: v for k, v in given.items() if v is not None}
+    doc["gateway"] = {**(given.get("gateway") or {}), **gateway,
+                      "control_plane": {**link, **gateway["control_plane"]}}
+    doc["control_plane"] = {
+        **section, "agent_host": "127.0.0.1", "agent_port": agent_port,
+        # Plaintext is allowed only on loopback; the agent is on this machine.
+        "agent_insecure": True,
+        "gateway_url": f"http://{url_host(gateway['host'])}:{gateway['port']}",
     }
+    models = list(given.get("models") or [])
+    if all(m.get("name") != model["name"] for m in models):
+        models.append(model)
+    doc["models"] = models
+    return doc
+
+
+def write_server_yaml(data_dir: Path, doc: dict[str, Any]) -> Path:
+    """`up-server.yaml` in the data dir: the whole configuration this run uses."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = data_dir / "up-server.yaml"
     path.write_text("# Written by `llmgw up` at every start; edits here are lost.\n"
                     + yaml.safe_dump(doc, sort_keys=False))
@@ -202,8 +226,15 @@ def _stop(children: list[subprocess.Popen[str]]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Starts the control plane and the agent as children, then serves the gateway."""
     from llmgw.cli.agent import READY_PREFIX as AGENT_READY
+    from llmgw.config.file import check_server, load_server_file, read_server_yaml
     from llmgw.control.settings import default_data_dir
 
+    try:  # first: a bad file is refused before anything starts
+        given = read_server_yaml(args.config) if args.config else {}
+        gateway_given = check_server(given, f"configuration file {args.config}").gateway
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     installed = llamacpp_installed()
     engine = args.engine or ("llamacpp" if installed else "sim")
     if engine == "llamacpp" and not installed:
@@ -216,10 +247,18 @@ def run(args: argparse.Namespace) -> int:
     model = args.model or DEFAULT_MODELS[engine]
     data_dir = (args.data_dir or default_data_dir()).expanduser().absolute()
     admin_url = f"http://127.0.0.1:{args.admin_port}"
-    shown = url_host(args.host)
-    base_url = f"http://{shown}:{args.port}/v1"
-    config = write_server_yaml(data_dir, args.agent_port, f"http://{shown}:{args.port}",
-                               model_entry(engine, model, args.ttft_ms, args.itl_ms))
+    host = args.host or gateway_given.host
+    port = gateway_given.port if args.port is None else args.port
+    base_url = f"http://{url_host(host)}:{port}/v1"
+    wiring = {"host": host, "port": port,
+              "control_plane": {"url": admin_url, "data_dir": str(data_dir)}}
+    config = write_server_yaml(data_dir, up_document(
+        given, args.agent_port, wiring, model_entry(engine, model, args.ttft_ms, args.itl_ms)))
+    try:  # what the control plane reads too: a flag that breaks it is said here, once
+        cfg = load_server_file(config).gateway
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     me = [sys.executable, "-m", "llmgw.cli.main"]
     server = _child([*me, "server", "--data-dir", str(data_dir), "--port", str(args.admin_port),
                      "--config", str(config)],
@@ -248,8 +287,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmgw up: issue an API key with `llmgw ctl keys issue {DEFAULT_PATH} NAME`", flush=True)
     threading.Thread(target=watch_ready, args=(admin_url, data_dir, model, base_url, READY_WAIT[engine]),
                      daemon=True).start()
-    cfg = GatewayConfig(host=args.host, port=args.port,
-                        control_plane=ControlPlane(url=admin_url, data_dir=str(data_dir)))
     try:
         serve(cfg)
     finally:

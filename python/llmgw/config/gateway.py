@@ -1,28 +1,35 @@
-"""Configuration: `server.yaml` as msgspec Structs, with every default in one place.
+"""The `gateway:` section of server.yaml as msgspec Structs, with every default in one place.
 
-Validation happens once, at load, and a bad field is reported with its path
-(`$.gateway.endpoints[0].url`) so the operator can find it without guessing.
+Validation happens once, at load (`llmgw.config.file`), and a bad field is reported with its
+path (`$.gateway.endpoints[0].url`) so the operator can find it without guessing. The section
+crosses into granian's workers as JSON (`encode_gateway`) and is decoded there again.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
-from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import msgspec
-import yaml
+
+from .units import Duration, PositiveSize
 
 CONFIG_ENV = "LLMGW_GATEWAY_CONFIG"
 """How `llmgw gateway` hands its configuration to granian's worker processes."""
 
-Seconds = Annotated[float, msgspec.Meta(gt=0)]
-
 
 class ConfigError(Exception):
-    """A configuration the gateway cannot run with; the message is for the operator."""
+    """A configuration llmgw cannot run with; the message is for the operator.
+
+    `errors` holds each fault as `$.path: what is wrong; what to do`, in the order of the file,
+    when the configuration was checked against the schema (empty for one fault of another kind:
+    a file that cannot be read, a flag).
+    """
+
+    def __init__(self, message: str, errors: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.errors: list[str] = errors or []
 
 
 def is_loopback(host: str) -> bool:
@@ -79,22 +86,22 @@ class Endpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Per-phase deadlines of one upstream request, in seconds."""
+    """Per-phase deadlines of one upstream request (durations: `2s`, `250ms`, or seconds)."""
 
-    connect: Seconds = 2.0
+    connect: Duration = 2.0
     """Opening a TCP connection to a replica."""
-    first_byte: Seconds = 60.0
+    first_byte: Duration = 60.0
     """From sending the request to the upstream's response headers (covers queueing and prefill)."""
-    idle: Seconds = 30.0
+    idle: Duration = 30.0
     """Longest silence between two body chunks of an answer."""
-    total: Seconds = 600.0
+    total: Duration = 600.0
     """The whole request, retries included."""
-    client_headers: Seconds = 10.0
+    client_headers: Duration = 10.0
     """A client must have sent its request headers this long after connecting (slowloris)."""
-    client_body: Seconds = 30.0
+    client_body: Duration = 30.0
     """A client must have sent its whole request body this long after its headers (slow
     uploads): 408. granian bounds only the headers."""
-    client_idle: Seconds = 30.0
+    client_idle: Duration = 30.0
     """Longest a client may leave its streamed answer unread once it is far behind (slow
     readers: see `gateway/slow_reader.py`): the engine's request is then cancelled."""
 
@@ -102,11 +109,11 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Active probes and passive ejection of replicas."""
 
-    probe_interval: Seconds = 5.0
-    probe_timeout: Seconds = 2.0
-    eject_base: Seconds = 1.0
+    probe_interval: Duration = 5.0
+    probe_timeout: Duration = 2.0
+    eject_base: Duration = 1.0
     """First ejection after a connect error or 5xx; doubles with each further ejection."""
-    eject_max: Seconds = 60.0
+    eject_max: Duration = 60.0
     max_ejection_percent: Annotated[int, msgspec.Meta(ge=0, le=100)] = 50
     """At most this share of a model's replicas is out of routing at once for errors
     (Envoy's `max_ejection_percent`, counting replicas out for a failed probe too): a
@@ -128,8 +135,10 @@ class RetryBudget(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     still retries its few failures."""
 
 
-class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Where the gateway gets its keys and limits and sends its usage (`llmgw server`).
+class ControlPlaneLink(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """`gateway.control_plane`: where the gateway gets its keys and limits and sends its usage
+    (`llmgw server`; not the control plane's own `control_plane:` section, which is
+    `llmgw.control.settings.Settings`).
 
     Without this section the gateway is open: no key is asked for and no limit applies.
     """
@@ -142,17 +151,17 @@ class ControlPlane(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The control plane's data directory: the gateway token and the key-hash secret are
     derived from its `secret`. Else they come from LLMGW_GATEWAY_TOKEN and
     LLMGW_KEY_HASH_SECRET (hex), for a gateway on another machine."""
-    snapshot_wait: Seconds = 20.0
+    snapshot_wait: Duration = 20.0
     """Longest a snapshot long-poll waits on the control plane before it answers anyway."""
-    usage_interval: Seconds = 0.25
+    usage_interval: Duration = 0.25
     """Usage batches leave this often: with the lease calls (every 0.25 s), on the one nearest
     to it, when it is at least that long."""
     usage_max_pending: Annotated[int, msgspec.Meta(ge=1)] = 200_000
     """Records held while the control plane does not take them; past it new ones are dropped
     (and counted in the log), so an outage cannot exhaust the gateway's memory."""
-    lease_wait: Seconds = 0.5
+    lease_wait: Duration = 0.5
     """Longest a request waits for a limits lease before the fail mode applies."""
-    lease_idle_return: Seconds = 0.5
+    lease_idle_return: Duration = 0.5
     """Concurrency slots unused this long are given back for other gateways to use."""
     limits_fail_open: bool = False
     """When the control plane cannot be reached: False answers 503 (limits hold), True forwards
@@ -182,8 +191,9 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     queue. A streamed answer holds its connection for as long as it runs. Each is a descriptor:
     the gateway raises its descriptor limit to the most it may (`ulimit -Hn`) and says so when
     that is still too few."""
-    max_body_bytes: Annotated[int, msgspec.Meta(gt=0)] = 16 * 1024 * 1024
-    max_response_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 * 1024 * 1024
+    max_body_bytes: PositiveSize = 16 * 1024 * 1024
+    """Largest request body a client may send (`16MiB`, or a number of bytes): 413 past it."""
+    max_response_bytes: PositiveSize = 64 * 1024 * 1024
     """Largest non-streamed upstream answer read before giving up with 502."""
     retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 1
     """Further replicas tried when one fails before the first byte reached the client."""
@@ -202,7 +212,7 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Per served model: the routing policy and its settings (`policy`, `weights`, `guard_abs`,
     ...; validated by the Rust router, which holds their defaults), plus `tokenizer`, a model
     directory that makes `kv` mode precise."""
-    control_plane: ControlPlane | None = None
+    control_plane: ControlPlaneLink | None = None
     """Keys, limits and usage through `llmgw server`; None runs the gateway open (bench mode)."""
 
     def __post_init__(self) -> None:
@@ -226,39 +236,6 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 raise ValueError(
                     f"alias {alias!r} points to {target!r}, which no endpoint serves"
                 )
-
-
-class ServerFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The whole `server.yaml`; later issues add their sections beside `gateway`."""
-
-    gateway: GatewayConfig = msgspec.field(default_factory=GatewayConfig)
-
-
-def read_server_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The raw mapping of `server.yaml`, not yet validated."""
-    p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except OSError as e:
-        raise ConfigError(f"cannot read configuration file {p}: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"configuration file {p} is not valid YAML: {e}") from e
-    if not isinstance(raw, dict):
-        raise ConfigError(f"configuration file {p} must hold a mapping (gateway: ...), not {type(raw).__name__}")
-    return raw
-
-
-def validate_server(raw: dict[str, Any], where: str) -> ServerFile:
-    """Validates a raw `server.yaml` mapping; raises ConfigError naming `where` and the field."""
-    try:
-        return msgspec.convert(raw, ServerFile, strict=True)
-    except msgspec.ValidationError as e:
-        raise ConfigError(f"{where} is invalid: {e}") from e
-
-
-def load_server_file(path: str | os.PathLike[str]) -> ServerFile:
-    """Reads and validates `server.yaml`; raises ConfigError naming the file and field."""
-    return validate_server(read_server_yaml(path), f"configuration file {Path(path)}")
 
 
 def parse_endpoint(spec: str) -> Endpoint:

@@ -10,11 +10,12 @@ Sizes are bytes; `load_models` also accepts them written `80GiB`, `512MiB` or `2
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
+
+from llmgw.config.units import Duration, Size, parse_size
 
 Engine = Literal["vllm", "sglang", "llamacpp", "sim"]
 Origin = Literal["local", "huggingface", "modelscope", "pypi", "url"]
@@ -25,34 +26,11 @@ Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127
 ProfileName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")]
 GpuClass = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 Replicas = Annotated[int, msgspec.Meta(ge=0, le=10_000)]
-Seconds = Annotated[float, msgspec.Meta(gt=0)]
+Seconds = Duration
+Bytes = Size
+"""Sizes as everywhere in server.yaml (`llmgw.config.units`): `80GiB`, `24GB` or bytes."""
 
-
-Bytes = Annotated[int, msgspec.Meta(ge=0)]
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 _SIZE_FIELDS = ("gpu_memory", "memory")
-
-
-def parse_size(text: str) -> int:
-    """`80GiB` -> 85899345920; raises ValueError with the accepted forms."""
-    m = _SIZE.match(text)
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _UNITS:
-        raise ValueError(f"{text!r} is not a size; write bytes, or e.g. 80GiB, 512MiB, 24GB")
-    return int(float(m.group(1)) * _UNITS[unit])
 
 
 def _with_sizes(section: object) -> object:

@@ -11,32 +11,35 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from llmgw.config import ConfigError, is_loopback, read_server_yaml
-from llmgw.control.catalog import CatalogError, Model, load_from_server
-from llmgw.durations import parse_duration
+from llmgw.config import is_loopback
+from llmgw.config.units import Duration, DurationOrZero
+from llmgw.control.catalog import Model
 
 CONFIG_ENV = "LLMGW_CONTROL_CONFIG"
 
 
-
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The control plane's settings, as handlers read them."""
+    """The control plane's settings, as handlers read them: the `control_plane:` section.
 
-    max_key_ttl: float | None = None
-    """The longest lifetime of an API key anywhere in this cluster, in seconds; None: no maximum."""
+    Every duration is written `30s`, `5m`, `7d` (`llmgw.config.units`) or as a number of
+    seconds, and held in seconds.
+    """
+
+    max_key_ttl: Duration | None = None
+    """The longest lifetime of an API key anywhere in this cluster; None: no maximum."""
     gateway_url: str | None = None
     """Where a gateway answers (replays go there); None: replay is not available."""
-    request_retention: float = 30 * 86400
-    """How long request records are kept, in seconds (the hourly rollups are kept for good)."""
-    gateway_silent_for: float = 10.0
+    request_retention: Duration = 30 * 86400
+    """How long request records are kept (the hourly rollups are kept for good)."""
+    gateway_silent_for: Duration = 10.0
     """A gateway worker not heard from for this long is gone: its open requests are settled
     as `interrupted`. Gateways send a batch (empty when idle) every fraction of a second."""
-    admin_header_timeout: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0
-    """Seconds a client of the admin listener has to send its request headers: from its first
+    admin_header_timeout: Annotated[Duration, msgspec.Meta(le=60)] = 10.0
+    """How long a client of the admin listener has to send its request headers: from its first
     byte (granian), or from the connect for one that sends nothing (`llmgw/net/silent.py`). An
     idle keep-alive connection is closed after as long; a gateway posts usage and calls for
     leases several times a second, and its snapshot poll is a request in flight."""
@@ -47,8 +50,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     usage; `normal`: the default policy, as for any process."""
 
     # -- leadership: several control planes on one PostgreSQL ------------------------------
-    leader_lease_ttl: Annotated[float, msgspec.Meta(gt=0)] = 10.0
-    """Seconds the leader lease lasts; the leader renews it every third of that. A standby
+    leader_lease_ttl: Duration = 10.0
+    """How long the leader lease lasts; the leader renews it every third of that. A standby
     takes over within about 4/3 of it after the leader dies (unused on SQLite)."""
     advertise_admin_url: str | None = None
     """Where standbys reach this control plane's admin API when it leads; None:
@@ -67,28 +70,28 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Plaintext agent streams, allowed only on a loopback `agent_host`. Without it the agent
     port is mutual TLS with the CA of `llmgw server init`; without that CA the agent port
     stays closed (the control plane still runs, and says so)."""
-    reconcile_every: float = 1.0
-    """Seconds between reconcile passes; every agent event also starts one."""
-    placement_settle: Annotated[float, msgspec.Meta(ge=0)] = 0.0
-    """Seconds after start before the first replica is placed, so that the agents of a
+    reconcile_every: Duration = 1.0
+    """Time between reconcile passes; every agent event also starts one."""
+    placement_settle: DurationOrZero = 0.0
+    """Time after start before the first replica is placed, so that the agents of a
     cluster that starts together have all registered and replicas spread over them rather
     than fill the first node that came up. 0: place at once."""
-    unreachable_after: float = 30.0
+    unreachable_after: Duration = 30.0
     """A node without a heartbeat this long is unreachable (its replicas are still routed)."""
-    lost_after: float = 120.0
+    lost_after: Duration = 120.0
     """A node without a heartbeat this long is lost: its replicas are placed elsewhere."""
-    heartbeat_interval: float = 5.0
-    """What agents are told: seconds between their heartbeats."""
+    heartbeat_interval: Duration = 5.0
+    """What agents are told: the time between their heartbeats."""
     max_failures: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 5
     """Engine crashes within `failure_window` that park a replica."""
-    failure_window: float = 600.0
-    restart_backoff_initial: float = 1.0
-    restart_backoff_max: float = 60.0
-    drain_timeout: float = 30.0
+    failure_window: Duration = 600.0
+    restart_backoff_initial: Duration = 1.0
+    restart_backoff_max: Duration = 60.0
+    drain_timeout: Duration = 30.0
     """How long a stopped replica gets to finish its requests in flight before SIGKILL."""
     engine_log_lines: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 500
     """Engine output lines each agent keeps per replica (`ctl nodes logs`)."""
-    replica_retention: float = 3600.0
+    replica_retention: Duration = 3600.0
     """Stopped replicas are listed (and their ids not reused) this long."""
 
     @property
@@ -130,54 +133,6 @@ def default_data_dir() -> Path:
     """`$XDG_DATA_HOME/llmgw`, or `~/.local/share/llmgw`."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "llmgw"
-
-
-def seconds(value: Any, where: str) -> float:
-    """A duration from YAML: a number of seconds or text like `90m`, `24h`, `7d`."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{where} must be a duration like 90d or a number of seconds, not {value!r}")
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ConfigError(f"{where} must be positive, not {value!r}")
-        return float(value)
-    try:
-        return parse_duration(str(value))
-    except ValueError as e:
-        raise ConfigError(f"{where}: {e}") from e
-
-
-def load_settings(path: str | None) -> Settings:
-    """The `control_plane:` section of the server.yaml at `path` (defaults without one)."""
-    if path is None:
-        return Settings()
-    raw = read_server_yaml(path).get("control_plane") or {}
-    where = f"configuration file {path}: control_plane"
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a mapping")
-    raw = dict(raw)
-    for name in _DURATIONS:
-        if raw.get(name) is not None:
-            raw[name] = seconds(raw[name], f"{where}.{name}")
-    try:
-        return msgspec.convert(raw, Settings, strict=True)
-    except msgspec.ValidationError as e:
-        raise ConfigError(f"{where} is invalid: {e}") from e
-
-
-_DURATIONS = ("max_key_ttl", "request_retention", "gateway_silent_for", "admin_header_timeout", "reconcile_every",
-              "unreachable_after", "lost_after", "heartbeat_interval", "failure_window",
-              "restart_backoff_initial", "restart_backoff_max", "drain_timeout",
-              "replica_retention", "leader_lease_ttl")
-
-
-def load_models(path: str | None) -> list[Model]:
-    """The validated `models:` section of the server.yaml at `path` (none without one)."""
-    if path is None:
-        return []
-    try:
-        return list(load_from_server(read_server_yaml(path), f"configuration file {path}"))
-    except CatalogError as e:
-        raise ConfigError(str(e)) from e
 
 
 def encode_config(cfg: ServerConfig) -> str:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from llmgw.config import ControlPlane
+from llmgw.config import ControlPlaneLink
 from llmgw.net.client import Pool, UpstreamError, fetch
 from llmgw.protocol.wire import LeaseReply, LeaseRequest, Snapshot, WakeRequest
 
@@ -64,7 +64,7 @@ class _Target:
 class ControlClient:
     """HTTP calls from one gateway worker to `llmgw server`'s internal routes (one of several)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, cp: ControlPlane, creds: Credentials) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, cp: ControlPlaneLink, creds: Credentials) -> None:
         self.loop = loop
         self.cp = cp
         self.targets = [_Target(loop, url) for url in cp.urls]

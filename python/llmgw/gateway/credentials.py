@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw.config import ConfigError, ControlPlane
+from llmgw.config import ConfigError, ControlPlaneLink
 from llmgw.secrets import datadir
 from llmgw.secrets.keys import GATEWAY_TOKEN_LABEL, HASH_LABEL, derive
 
@@ -42,7 +42,7 @@ def read_secret(data_dir: str | os.PathLike[str]) -> bytes:
                           f"set {TOKEN_ENV} and {HASH_KEY_ENV}") from None
 
 
-def load_credentials(cp: ControlPlane) -> Credentials:
+def load_credentials(cp: ControlPlaneLink) -> Credentials:
     """The gateway token and hash key, from the data directory or the environment."""
     if cp.data_dir is not None:
         secret = read_secret(cp.data_dir)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from llmgw import _core
-from llmgw.durations import spoken_duration
+from llmgw.config.units import spoken_duration
 from llmgw.protocol.wire import KeyEntry, LeaseAsk, LeaseGrant, LeaseReply, LeaseRequest, Limits
 
 log = logging.getLogger("llmgw.gateway")

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from llmgw.durations import format_duration
+from llmgw.config.units import format_duration
 from llmgw.protocol.wire import Limits
 from llmgw.secrets.keys import key_hash, key_prefix, new_api_key
 

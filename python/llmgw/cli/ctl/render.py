@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from llmgw.durations import format_duration
+from llmgw.config.units import format_duration
 
 from .commands import Column, ColumnKind
 

@@ -1,0 +1,35 @@
+"""`llmgw config check FILE` and `llmgw config defaults`: server.yaml checked, and written out.
+
+`check` reads the file through the same loader as `llmgw up`, `llmgw server` and `llmgw
+gateway`, so it refuses exactly what they would refuse at start, and says every fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Adds the options of `config check` or `config defaults` (the one being parsed)."""
+    if parser.prog.split()[-1] == "check":
+        parser.add_argument("file", metavar="FILE", help="the server.yaml to check")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`check`: 0 and one line for a good file, 1 and every fault for a bad one; `defaults`:
+    the whole schema with its defaults, as YAML."""
+    from llmgw.config import ConfigError
+    from llmgw.config.file import defaults_yaml, load_server_file
+
+    if args.config == "defaults":
+        sys.stdout.write(defaults_yaml())
+        return 0
+    try:
+        loaded = load_server_file(args.file)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: OK ({len(loaded.gateway.endpoints)} endpoints, "
+          f"{len(loaded.models)} models)")
+    return 0
