@@ -12,7 +12,8 @@ import pytest
 from llmgw.admin import requests as req_routes
 from llmgw.admin import usage as usage_routes
 from llmgw.admin.route import ApiError, Raw, Request, Route
-from llmgw.store import Database, audit
+from llmgw.secrets.keys import derive
+from llmgw.store import Database, audit, keys, tenancy
 from llmgw.store.usage import ingest, settle_gateway
 from tests.support.store import with_db
 from tests.support.usage import T0, batch, final, opened
@@ -103,10 +104,11 @@ def test_export_csv_and_json(store_url: str) -> None:
         got = await get(_req(db, q))
         assert isinstance(got, Raw) and got.content_type == "text/csv; charset=utf-8"
         assert got.body.decode() == (
-            "period_start,project_id,model,requests,errors,prompt_tokens,completion_tokens\n"
-            "2026-11-01T00:00:00Z,proj_a,m,1,0,12,5\n"
-            "2026-11-02T00:00:00Z,proj_a,m,1,1,12,5\n"
-            "2026-11-02T00:00:00Z,proj_a,x,1,0,12,5\n"
+            "period_start,project_id,model,requests,errors,prompt_tokens,completion_tokens,"
+            "project_path\n"  # proj_a is in no tenancy tree here: its path reads ''
+            "2026-11-01T00:00:00Z,proj_a,m,1,0,12,5,\n"
+            "2026-11-02T00:00:00Z,proj_a,m,1,1,12,5,\n"
+            "2026-11-02T00:00:00Z,proj_a,x,1,0,12,5,\n"
         )
         js = await get(_req(db, {**q, "format": "json", "period": "month", "by": ""}))
         assert msgspec.json.decode(msgspec.json.encode(js)) == [
@@ -143,6 +145,45 @@ def test_export_csv_and_json(store_url: str) -> None:
             with pytest.raises(ApiError) as e:
                 await get(_req(db, query))
             assert (e.value.status, e.value.code) == (400, code)
+
+    with_db(store_url, body)
+
+
+def test_export_rows_name_their_scopes_and_keys(store_url: str) -> None:
+    # Beside each id its path or name; one that no longer exists reads '' (org_a and team_a
+    # were never created here; the project and its key are, then deleted).
+    async def body(db: Database) -> None:
+        await tenancy.create_org(db, "admin", "acme")
+        await tenancy.create_team(db, "admin", "acme", "ml")
+        project = await tenancy.create_project(db, "admin", "acme/ml", "chat")
+        issued = await keys.issue_key(db, "admin", project="acme/ml/chat", name="ci",
+                                      hash_key=derive(b"s" * 32, "llmgw api-key hash v1"))
+        await ingest(db, batch(finals=[final("1", at=T0 + 10, project=project.id,
+                                             key=issued.id)]), T0)
+        get = _route(usage_routes.ROUTES, "GET", "/api/v1/usage/export").handler
+        q = {"from": "2026-11-01", "to": "2026-11-01", "by": "org,team,project,key"}
+        got = await get(_req(db, q))
+        pid, kid = project.id, issued.id
+        assert got.body.decode() == (
+            "period_start,org_id,team_id,project_id,key_id,requests,errors,prompt_tokens,"
+            "completion_tokens,org_path,team_path,project_path,key_name\n"
+            f"2026-11-01T00:00:00Z,org_a,team_a,{pid},{kid},1,0,12,5,,,acme/ml/chat,ci\n"
+        )
+        [row] = await get(_req(db, {**q, "format": "json"}))
+        assert msgspec.to_builtins(row) == {
+            "period_start": T0, "org_id": "org_a", "org_path": "", "team_id": "team_a",
+            "team_path": "", "project_id": pid, "project_path": "acme/ml/chat", "key_id": kid,
+            "key_name": "ci", "requests": 1, "errors": 0, "prompt_tokens": 12,
+            "completion_tokens": 5,
+        }
+        [row] = await get(_req(db, {**q, "format": "json", "by": "model"}))
+        assert "project_path" not in msgspec.to_builtins(row)  # only for chosen dimensions
+        await keys.revoke_key(db, "admin", kid)
+        await tenancy.delete_project(db, "admin", "acme/ml/chat")
+        got = await get(_req(db, {**q, "by": "project,key"}))
+        assert got.body.decode().splitlines()[1] == (
+            f"2026-11-01T00:00:00Z,{pid},{kid},1,0,12,5,,"
+        )
 
     with_db(store_url, body)
 
@@ -239,7 +280,8 @@ def test_replay_goes_through_the_gateway(store_url: str) -> None:
         answer = b'{"id":"chatcmpl-1","choices":[]}'
         status = b"200 OK"
         if b'"model":"gone"' in data:  # as a gateway answers a replay whose key was revoked
-            answer, status = b'{"error":{"message":"the replayed request\'s key key_a is revoked"}}', b"401 Unauthorized"
+            answer = b'{"error":{"message":"the replayed request\'s key key_a is revoked"}}'
+            status = b"401 Unauthorized"
         writer.write(
             b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
             + str(len(answer)).encode()

@@ -11,6 +11,7 @@ from typing import Any, get_args
 
 from llmgw.config.units import parse_duration
 from llmgw.store import Database
+from llmgw.store.tenancy import scope_paths
 from llmgw.store.usage import (
     DIMENSIONS,
     ExportRow,
@@ -21,14 +22,14 @@ from llmgw.store.usage import (
     month_of,
     usage_by_scope,
 )
+from llmgw.store.usage_report import NAMED, name_rows
 
 from .route import ApiError, Param, Raw, Request, Route
 
 NameResolver = Callable[[Database, list[str]], Awaitable[dict[str, str]]]
 """Ids of orgs, teams or projects -> their paths (`acme`, `acme/ml`, `acme/ml/chat`); ids
-that no longer exist are left out. The tenancy store provides it; the lead wires it in
-`routes(names=...)`. It takes the store because the route table is built at import,
-before any store is open."""
+that no longer exist are left out. The tenancy store's `scope_paths` by default; it takes
+the store because the route table is built at import, before any store is open."""
 
 _MAX_ECHO = 60
 
@@ -91,8 +92,12 @@ def _choice(req: Request, name: str, allowed: tuple[str, ...], default: str, cod
     return value
 
 
-def routes(names: NameResolver | None = None) -> list[Route]:
+def routes(names: NameResolver | None = scope_paths) -> list[Route]:
     """The usage routes; `names` fills each scope's path (None: paths stay empty)."""
+
+    async def get_export(req: Request) -> Raw | list[ExportRow]:
+        """GET /api/v1/usage/export."""
+        return await _export(req, names)
 
     async def get_usage(req: Request) -> list[ScopeUsage]:
         by: ScopeKind = _choice(
@@ -139,7 +144,12 @@ def routes(names: NameResolver | None = None) -> list[Route]:
                 "One row per period and group of the chosen dimensions, from the "
                 "rollups; CSV with a header row unless format=json. CSV writes "
                 "period_start as an RFC 3339 UTC time, JSON as unix seconds. The rollups "
-                "are hourly: a time inside an hour counts that whole hour."
+                "are hourly: a time inside an hour counts that whole hour. Beside the ids "
+                "of the chosen org, team, project and key dimensions, each row names them: "
+                "org_path, team_path, project_path (`acme/ml/chat`) and key_name, '' for "
+                "one that no longer exists. CSV columns: period_start, the chosen "
+                "dimensions' ids, requests, errors, prompt_tokens, completion_tokens, "
+                "then those names, so that a reader of the columns by position keeps working."
             ),
             query=(
                 Param(
@@ -161,8 +171,7 @@ def routes(names: NameResolver | None = None) -> list[Route]:
     ]
 
 
-async def get_export(req: Request) -> Raw | list[ExportRow]:
-    """GET /api/v1/usage/export."""
+async def _export(req: Request, names: NameResolver | None) -> Raw | list[ExportRow]:
     now = time.time()
     fmt = _choice(req, "format", ("csv", "json"), "csv", "usage.bad_format")
     period: Period = _choice(
@@ -193,24 +202,35 @@ async def get_export(req: Request) -> Raw | list[ExportRow]:
             "to",
         )
     rows = await export(req.db, start, end, period, by)
+    await name_rows(req.db, rows, names or _no_paths)
     if fmt == "json":
         return rows
     return Raw(export_csv(rows, by), "text/csv; charset=utf-8")
 
 
+async def _no_paths(db: Database, ids: list[str]) -> dict[str, str]:
+    return {}
+
+
 def export_csv(rows: list[ExportRow], by: list[str]) -> bytes:
     """The export as CSV: period_start (RFC 3339, UTC), the chosen dimensions' columns in
-    their canonical order, then requests, errors, prompt_tokens, completion_tokens."""
+    their canonical order, then requests, errors, prompt_tokens, completion_tokens, then the
+    names of the chosen org, team, project and key (org_path ... key_name). The names come
+    last so that the columns before them stay where a reader by position expects them."""
     cols = [DIMENSIONS[d] for d in DIMENSIONS if d in by]
+    named = [NAMED[d] for d in NAMED if d in by]
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")  # \n, as the admin app's other CSV answers
-    w.writerow(["period_start", *cols, "requests", "errors", "prompt_tokens", "completion_tokens"])
+    w.writerow(["period_start", *cols, "requests", "errors", "prompt_tokens", "completion_tokens",
+                *named])
     for r in rows:
         start = datetime.fromtimestamp(r.period_start, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         dims: list[Any] = [getattr(r, c) for c in cols]
-        w.writerow([start, *dims, r.requests, r.errors, r.prompt_tokens, r.completion_tokens])
+        names = [getattr(r, c) or "" for c in named]
+        w.writerow([start, *dims, r.requests, r.errors, r.prompt_tokens, r.completion_tokens,
+                    *names])
     return out.getvalue().encode()
 
 
 ROUTES: list[Route] = routes()
-"""Without scope paths; the control plane mounts `routes(names=...)` instead."""
+"""With the paths of the tenancy store, as the control plane mounts them."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import calendar
 import math
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -47,16 +47,34 @@ class ScopeUsage(msgspec.Struct, kw_only=True):
     total_tokens: int
 
 
+NAMED: dict[str, str] = {
+    "org": "org_path",
+    "team": "team_path",
+    "project": "project_path",
+    "key": "key_name",
+}
+"""Export dimension -> the field of ExportRow that names its id for a person."""
+
+
 class ExportRow(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One period and one group of the chosen dimensions; a dimension not chosen is absent."""
+    """One period and one group of the chosen dimensions; a dimension not chosen is absent,
+    and so are the names beside the ids until `name_rows` fills them."""
 
     period_start: float
     """Unix seconds (UTC) the hour, day or month starts at."""
     org_id: str | None = None
+    org_path: str | None = None
+    """The organization's name; '' when it no longer exists (or for requests without a key)."""
     team_id: str | None = None
+    team_path: str | None = None
+    """`acme/ml`; '' when the team no longer exists."""
     project_id: str | None = None
+    project_path: str | None = None
+    """`acme/ml/chat`; '' when the project no longer exists."""
     user_id: str | None = None
     key_id: str | None = None
+    key_name: str | None = None
+    """The key's name; '' when the key no longer exists (its project was deleted)."""
     model: str | None = None
     requests: int
     errors: int
@@ -180,6 +198,43 @@ async def export(
         )
         for k, v in sorted(merged.items())
     ]
+
+
+PathResolver = Callable[[Database, list[str]], Awaitable[dict[str, str]]]
+"""Ids of orgs, teams or projects -> their paths; ids that no longer exist are left out."""
+
+_IN_CHUNK = 500
+"""Ids per `IN (...)` list: under SQLite's smallest limit on parameters (999)."""
+
+
+async def key_names(db: Database, ids: Iterable[str]) -> dict[str, str]:
+    """Key ids -> their names; ids of keys that no longer exist are left out."""
+    wanted = sorted({i for i in ids if i})
+    out: dict[str, str] = {}
+    for at in range(0, len(wanted), _IN_CHUNK):
+        chunk = wanted[at:at + _IN_CHUNK]
+        marks = ", ".join(f"${i + 1}" for i in range(len(chunk)))  # placeholders, never values
+        rows = await db.fetch(f"SELECT id, name FROM api_keys WHERE id IN ({marks})", *chunk)
+        out.update((r[0], r[1]) for r in rows)
+    return out
+
+
+async def name_rows(db: Database, rows: list[ExportRow], paths: PathResolver) -> None:
+    """Fills the path of each chosen org, team and project and the name of each chosen key,
+    in place; '' for one that no longer exists, so a deleted key reads as a key without a
+    name, not as a dimension that was not chosen."""
+    scopes = {v for r in rows for v in (r.org_id, r.team_id, r.project_id) if v}
+    found = await paths(db, sorted(scopes)) if scopes else {}
+    keys = await key_names(db, (r.key_id for r in rows if r.key_id))
+    for r in rows:
+        if r.org_id is not None:
+            r.org_path = found.get(r.org_id, "")
+        if r.team_id is not None:
+            r.team_path = found.get(r.team_id, "")
+        if r.project_id is not None:
+            r.project_path = found.get(r.project_id, "")
+        if r.key_id is not None:
+            r.key_name = keys.get(r.key_id, "")
 
 
 async def tokens_used(db: Database, scope: str, since: float) -> int:
