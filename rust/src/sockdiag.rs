@@ -3,7 +3,7 @@
 //!
 //! The gateway asks the kernel for its listener's connections with their `tcp_info`
 //! (`llmgw.net.connections.TcpDiag.silent`) and closes those that stay silent past the header
-//! deadline (`llmgw.gateway.silent`). A dump answers with one message of about 400 bytes a
+//! deadline (`llmgw.net.silent`). A dump answers with one message of about 400 bytes a
 //! connection; read in Python that was 2.5 µs each, 25 ms for a worker with 10,000
 //! connections. Here it is plain byte reading, with the interpreter free meanwhile.
 

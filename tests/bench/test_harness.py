@@ -393,7 +393,7 @@ def test_throughput_figures_give_the_machines_idle_cores_and_the_steal_per_level
 
 
 def test_machine_facts_say_what_moves_the_keyed_figures() -> None:
-    # The clock source and the SMT siblings differ between the hosts a session draws, and the
+    # The clock source and the SMT siblings differ between the hosts the bench runs on, and the
     # keyed path reads the clock more than the plain one: every result records them.
     m = report.machine_facts()
     assert m.nproc >= 1 and m.cpu_model

@@ -21,7 +21,8 @@ from llmgw.engines.llamacpp.config import KEY_ENV as LLAMACPP_KEY_ENV
 from llmgw.secrets.keys import derive
 
 ENGINE_KEY_LABEL = "llmgw engine key v1"
-"""The derivation label of the engine key; never used for another purpose (L16)."""
+"""The derivation label of the engine key; never used for another purpose, so that a
+leaked engine key says nothing about any other secret."""
 
 
 def engine_key(cluster_secret: bytes) -> str:

@@ -1,4 +1,4 @@
-"""Back-pressure on a client that does not read its streamed answer (RELIABILITY A, slow reader).
+"""Back-pressure on a client that does not read its streamed answer.
 
 granian's stream transport queues whatever `send_bytes` is given, without bound, and never
 tells the sender that the client has fallen behind. A client that stopped reading an SSE

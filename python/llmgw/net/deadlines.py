@@ -4,7 +4,8 @@ Under uvloop a loop timer costs about 2 µs to arm and cancel (`call_at`, then `
 libuv timer made, started, stopped and closed), and `asyncio.timeout` about 4 µs. A gateway
 request armed three (its body's deadline, the disconnect watch, the wait for the replica's
 first byte) and disarmed them a few milliseconds later: 10 µs of a worker's 60 µs a
-request at 15,000 requests/s (bench/README, nineteenth session).
+request at 15,000 requests/s (measured on a 2-vCPU Intel host with the bench's throughput
+scenario).
 
 Here a deadline is a dict entry in the slot of its tick (`tick` seconds wide): arming and
 disarming are a dict insert and delete. One loop timer, armed only while a slot is

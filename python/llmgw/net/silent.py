@@ -1,4 +1,4 @@
-"""Connections that send nothing are closed at a listener's header deadline (RELIABILITY A, connection flood).
+"""Connections that send nothing are closed at a listener's header deadline.
 
 granian's header deadline (the gateway's `timeouts.client_headers`, the admin listener's
 `admin_header_timeout`) starts at a connection's first byte. A client that connects and

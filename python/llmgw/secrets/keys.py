@@ -2,7 +2,7 @@
 
 Every secret llmgw uses is derived from the one cluster secret with `derive`
 and a label naming its purpose; a label is never reused for a second purpose,
-so a leaked gateway token says nothing about the API-key hash key (L16).
+so a leaked gateway token says nothing about the API-key hash key.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """vLLM's KV-cache event publisher, for the simulator: ZMQ PUB plus a replay ROUTER.
 
-Wire format, as vLLM ships it (see shared/reference/kv-events.md):
+Wire format, as vLLM ships it (`vllm/distributed/kv_events.py`):
 - PUB frames `[topic, seq as 8-byte big-endian, msgpack payload]`, seq from 0;
 - the payload is an array-like `EventBatch` `[ts, events, data_parallel_rank]`;
 - events are maps tagged by `"type"` (vLLM since mid-2026) or positional arrays
