@@ -1,1 +1,1 @@
-"""llmgw's load-test harness: `python -m bench load|run|soak` (see bench/README.md)."""
+"""llmgw's load-test harness: `python -m bench load|run|soak|pool|table` (see bench/README.md)."""
