@@ -1,6 +1,6 @@
 """Every admin route that changes something names the audit event it records.
 
-Issue 5: every change through the admin API is recorded. The behaviour of each is tested
+Every change through the admin API is recorded. The behaviour of each is tested
 where the change is (tests/store, tests/fleet, tests/e2e); this table makes a new route
 that changes something fail here until it says what it records, and checks that each
 action named is written by the package's code.

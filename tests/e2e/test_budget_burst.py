@@ -1,4 +1,4 @@
-"""A concurrent burst against a token budget (RELIABILITY.md C, LiteLLM #50438; I4): 4 gateway
+"""A concurrent burst against a token budget (docs/reliability.md, LiteLLM #50438): 4 gateway
 workers and 200 clients at once against a project's daily budget; what the engine was
 asked to produce stays within the budget plus the stated ε (README: one request per worker
 and scope, plus what requests used beyond their estimate: nothing here, the estimate is

@@ -1,4 +1,4 @@
-"""Canary secrets (RELIABILITY.md E, invariant I3): the cluster secret, the admin token, the
+"""Canary secrets (docs/reliability.md): the cluster secret, the admin token, the
 gateway token and API keys never appear in any output of a run.
 
 A control plane, a simulator and a gateway run a session that touches every path a secret

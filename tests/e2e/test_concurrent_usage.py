@@ -1,4 +1,4 @@
-"""300 concurrent calls make exactly 300 usage rows (RELIABILITY.md C, LiteLLM #1849; I1).
+"""300 concurrent calls make exactly 300 usage rows (docs/reliability.md, LiteLLM #1849).
 
 300 clients released together through a 4-worker gateway; afterwards the control plane
 has one final request record per request id, and its rollup counts 300 requests and

@@ -1,4 +1,4 @@
-"""The container's security defaults (RELIABILITY.md F): it runs as a non-root user, and
+"""The container's security defaults (docs/reliability.md): it runs as a non-root user, and
 `llmgw up --host 0.0.0.0` (its command) opens the gateway to the network but keeps the
 admin API and the agent port on loopback.
 

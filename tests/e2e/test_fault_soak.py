@@ -1,8 +1,8 @@
-"""RELIABILITY F, "Soak with faults", bounded to a test: a keyed gateway and its control plane take
+"""A soak with faults, bounded to a test: a keyed gateway and its control plane take
 a stream of requests with every kind of engine fault and client disconnect mixed in, and once the
-faults clear the invariants hold: one usage record per forwarded request (I1), nothing left in
-flight on the replica or held by the limits (I2), the gateway's descriptors back where they were
-and its memory flat (I5). The hour-long soak is `python -m bench soak`."""
+faults clear the invariants hold: one usage record per forwarded request, nothing left in
+flight on the replica or held by the limits, the gateway's descriptors back where they were
+and its memory flat. The hour-long soak is `python -m bench soak`."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_a_stream_of_mixed_faults_leaves_every_invariant_standing(tmp_path: Path
         # 502: the engine's failures, relayed; never 503, since its only replica is never ejected.
         assert set(seen) <= {0, 200, 502}, seen
 
-        # I1: every request the gateway forwarded has one record (30 warm-up requests included),
+        # Every request the gateway forwarded has one record (30 warm-up requests included),
         # final or settled, and no more arrive later. The gateway's own count, by status, is what
         # it forwarded: none was refused by the limits.
         def forwarded() -> float:
@@ -112,14 +112,14 @@ def test_a_stream_of_mixed_faults_leaves_every_invariant_standing(tmp_path: Path
         assert counted() == total == forwarded()
         assert _gateway_metric(gw.url, "llmgw_requests_total", status="cancelled") >= seen.get(0, 0)
 
-        # I2: nothing in flight on the replica, no concurrency slot held anywhere.
+        # Nothing in flight on the replica, no concurrency slot held anywhere.
         assert wait_for("the replica's in-flight count back to 0",
                         lambda: _gateway_metric(gw.url, "llmgw_replica_in_flight", replica="sim-0") == 0,
                         timeout=10)
         assert wait_for("the limits' concurrency slots given back", lambda: metric_value(
             http_get(cluster.server.url + "/metrics"), "llmgw_limit_slots_held") == 0, timeout=10)
 
-        # I5: the descriptors the requests took are closed again (the pool to the engine may keep
+        # The descriptors the requests took are closed again (the pool to the engine may keep
         # a connection per client thread), and memory is flat.
         wait_for("the gateway's descriptors back to where they were",
                  lambda: _fds(gw.popen.pid) <= fds0 + THREADS + 2, timeout=15)

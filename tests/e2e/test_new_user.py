@@ -1,4 +1,4 @@
-"""Issue 5's walk-through, as a new user would do it, with real processes.
+"""Tenancy, keys, limits and usage, as a new user would walk through them, with real processes.
 
 `llmgw up --engine sim` (control plane, local agent running the simulator,
 gateway) → the key it printed works

@@ -1,4 +1,4 @@
-"""SQL metacharacters in Authorization, ids and filters (RELIABILITY.md E, L5/L6) through the
+"""SQL metacharacters in Authorization, ids and filters (docs/reliability.md) through the
 real admin API and gateway on PostgreSQL: every answer is a 4xx with a message (or an empty
 match for a free-text filter), never a 5xx, and nothing in the store changed."""
 

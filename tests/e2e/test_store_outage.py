@@ -1,9 +1,9 @@
-"""PostgreSQL unreachable for a few seconds (RELIABILITY.md C, "DB down"): the documented mode.
+"""PostgreSQL unreachable for a few seconds (docs/reliability.md, "DB down"): the documented mode.
 
 Gateways hold keys in memory and the limits authority counts in the control plane's
 memory, so requests with a valid key go on being answered; the usage of those requests
 cannot be written, so the gateway keeps it and sends it again; once the database answers
-again every request has exactly one record (I1) and the rollup counts each once.
+again every request has exactly one record and the rollup counts each once.
 
 The outage is a TCP forwarder in front of the machine's PostgreSQL that is cut and
 restored: the server itself is shared by every test and is never stopped.
@@ -69,7 +69,7 @@ def _run(cluster: Cluster, cut: TcpCut) -> None:
 
     assert [call() for _ in range(5)] == [200] * 5
     assert cluster.server.popen.poll() is None, cluster.server.output
-    # Shorter than the renew deadline: no demotion (RELIABILITY.md D, Patroni retry_timeout).
+    # Shorter than the renew deadline: no demotion (as Patroni's retry_timeout).
     assert "stepping down" not in cluster.server.output
     assert cluster.call("GET", "/api/v1/leader")["role"] == "leader"
 

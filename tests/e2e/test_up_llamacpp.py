@@ -1,4 +1,4 @@
-"""Issue 6's acceptance, as a new user would do it: `llmgw up` with the `cpu` extra installed
+"""The Quickstart, as a new user would do it: `llmgw up` with the `cpu` extra installed
 serves a real model, Gemma 3 270M on the CPU with llama.cpp, through the gateway.
 
 `llmgw up` (no engine named: llama.cpp is the default when it is installed) → its

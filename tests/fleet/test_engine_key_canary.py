@@ -1,4 +1,4 @@
-"""Engine keys never leave the path gateway -> engine (RELIABILITY.md E, canary secrets; I3).
+"""Engine keys never leave the path gateway -> engine (docs/reliability.md, canary secrets).
 
 A control plane places a replica through a real agent; its engine key (derived from the
 cluster secret, given to the engine in its environment) is published to gateways only.

@@ -1,4 +1,4 @@
-"""Failover (issue 6, acceptance): two `llmgw server` on one PostgreSQL, two agents with simulated
+"""Failover: two `llmgw server` on one PostgreSQL, two agents with simulated
 GPUs knowing both; SIGKILL the leader: the standby takes the lease within its TTL, the agents
 move to it, and the replicas keep their ids and engine pids (nothing restarted or placed again).
 

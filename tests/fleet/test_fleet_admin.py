@@ -72,8 +72,8 @@ def test_nodes_models_and_placement_questions(fleet_factory: Callable[..., Fleet
     code, out, _ = ctl(capsys, *base, "replicas", "--model", "sim-model")
     assert code == 0 and rid in out
 
-    # Every change above is in the audit log, with what it changed (issue 5: every change
-    # made through the admin API). A refused one (the scale to 5, the removals) is not.
+    # Every change above is in the audit log, with what it changed (every change
+    # made through the admin API is). A refused one (the scale to 5, the removals) is not.
     events = {(e["action"], e["target"]): e for e in f.get("/api/v1/audit")}
     assert set(events) == {("model.add", "model:big"), ("model.remove", "model:big"), ("node.cordon", "node:n1")}
     assert events[("model.add", "model:big")]["after"]["name"] == "big"

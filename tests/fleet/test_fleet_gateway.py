@@ -1,4 +1,4 @@
-"""A gateway in front of the fleet while a node is lost (issue 6's acceptance): two agents with
+"""A gateway in front of the fleet while a node is lost: two agents with
 simulated GPUs, one replica on each, a real gateway routing keyed traffic to them from the
 control plane's snapshot. The node of one replica is killed under load; every request that
 started after the gateway learned of the loss (the replica left its routing table) succeeds."""

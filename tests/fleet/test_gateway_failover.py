@@ -1,4 +1,4 @@
-"""A gateway that knows two control planes on one PostgreSQL (issue 6 point 6): SIGKILL the
+"""A gateway that knows two control planes on one PostgreSQL: SIGKILL the
 leader under keyed traffic; once the standby holds the lease the gateway keeps answering with
 the key, takes a key issued after the failover from the new leader's snapshot, and every
 request it answered 200 is in the store exactly once (its usage moved across, none lost,

@@ -1,4 +1,4 @@
-"""A hung agent (RELIABILITY.md D, "Agent stream cut / hung"): its process stops (SIGSTOP) with
+"""A hung agent (docs/reliability.md, "Agent stream cut / hung"): its process stops (SIGSTOP) with
 its stream to the control plane still open, so only the missing heartbeats tell. The node
 goes unreachable, then lost; its replica is placed on the other node; when the agent wakes
 up, the replica it still runs is stopped, never kept as a second one."""

@@ -1,4 +1,4 @@
-"""A request cannot choose where the gateway connects (RELIABILITY.md E, `api_base`/`base_url`/
+"""A request cannot choose where the gateway connects (docs/reliability.md, `api_base`/`base_url`/
 custom host; Portkey CVE-2026-110719): the gateway only ever connects to its replicas.
 
 A listener stands in for an internal address an attacker would aim at; every field and

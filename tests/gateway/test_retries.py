@@ -1,4 +1,4 @@
-"""Slow first bytes and retry storms (RELIABILITY.md B): `timeouts.first_byte` is the per-try
+"""Slow first bytes and retry storms (docs/reliability.md): `timeouts.first_byte` is the per-try
 deadline, after which the request goes to another replica (the slow try is cancelled);
 `retries` bounds the tries and `timeouts.total` the whole request, retries included;
 `retry_budget` bounds retries across requests."""

@@ -1,4 +1,4 @@
-"""Slow readers (RELIABILITY A): a client that stops reading its streamed answer is not sent the
+"""Slow readers: a client that stops reading its streamed answer is not sent the
 rest into the gateway's memory; after `timeouts.client_idle` without reading, the engine's
 request is cancelled and the tokens produced are billed. A client that reads slowly, but
 reads, gets its whole answer."""

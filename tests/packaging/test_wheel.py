@@ -1,4 +1,4 @@
-"""The wheel users install is the source on main, and nothing else (RELIABILITY F, "Built wheel ==
+"""The wheel users install is the source on main, and nothing else ("Built wheel ==
 tagged source; no .pth; pinned deps"): LiteLLM 1.82.7 and 1.82.8 shipped a `.pth` file that
 ran at every interpreter start, in wheels whose files were not the repository's.
 

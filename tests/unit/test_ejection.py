@@ -1,5 +1,5 @@
 """Passive ejection and `health.max_ejection_percent`: errors never take more than that share of
-a model's replicas out of routing (RELIABILITY B, "Replica keeps failing")."""
+a model's replicas out of routing (docs/reliability.md, "Replica keeps failing")."""
 
 from __future__ import annotations
 
