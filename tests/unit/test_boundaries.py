@@ -1,5 +1,5 @@
-"""Each package imports only what its `__init__.py` says it may (CONVENTIONS: one concern per
-module, and the docstring's first paragraph says what the package must not import).
+"""Each package imports only what its `__init__.py` says it may (docs/conventions.md: one concern
+per module, and the docstring's first paragraph says what the package must not import).
 
 Read from the source, every `import` and `from ... import` at any depth, relative ones
 resolved, so that a lazy import inside a function counts as much as one at the top.

@@ -1,7 +1,7 @@
 """Subscribes to each replica's KV-cache events (vLLM's ZMQ publisher) and feeds the Rust index.
 
-Every gateway worker subscribes itself (ARCHITECTURE: each worker is a whole
-gateway), so the index lives next to the router that reads it and no lookup
+Every gateway worker subscribes itself (docs/architecture.md: each worker is a
+whole gateway), so the index lives next to the router that reads it and no lookup
 crosses a process. Decoding and indexing happen in Rust (`_core.KvIndex.apply`);
 this module only moves frames and handles sequence gaps:
 

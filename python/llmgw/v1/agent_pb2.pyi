@@ -14,7 +14,7 @@ by the next heartbeat, which carries every replica's status.
 
 Compatibility: fields are only ever added. Numbers 100-199 of the large
 messages are reserved for fabrics (InfiniBand/RoCE, NVSwitch domains) and
-200-299 for power (caps, energy), both on the ROADMAP; take numbers there
+200-299 for power (caps, energy), both planned; take numbers there
 for those features so that the common fields keep their one-byte tags.
 """
 
