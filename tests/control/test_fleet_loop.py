@@ -9,8 +9,9 @@ from typing import Any
 
 from llmgw.admin.fleet import model_view
 from llmgw.control.catalog import Model, Profile, Source
-from llmgw.control.fleet import Fleet, NodeFacts, Registration, Status
+from llmgw.control.fleet import Fleet
 from llmgw.control.inventory import Gpu, Replica
+from llmgw.control.reports import NodeFacts, Registration, Status
 from llmgw.control.settings import Settings
 from llmgw.protocol.wire import Snapshot
 from llmgw.store import connect, migrate

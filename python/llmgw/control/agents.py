@@ -3,7 +3,7 @@
 Each agent holds one `Connect` stream. Its first message must be Register; the
 answer starts with Settings (heartbeat interval, restart and park policy), then
 carries commands. Everything an agent says is turned into the plain values of
-`llmgw.control.fleet` here, so the fleet never sees protobuf or gRPC.
+`llmgw.control.reports` here, so the fleet never sees protobuf or gRPC.
 
 Plaintext is served only on a loopback address and only with `agent_insecure:
 true`. Otherwise the agent port is mutual TLS with the cluster CA of `llmgw
@@ -29,9 +29,10 @@ import grpc
 
 from llmgw.config import is_loopback
 from llmgw.control.catalog import Model, Profile
-from llmgw.control.fleet import Fleet, NodeFacts, Registration, Status
+from llmgw.control.fleet import Fleet
 from llmgw.control.inventory import Gpu, Replica, ReplicaState, gpu_class_of
 from llmgw.control.pki import Authority, PkiError, peer_identity, pem, serial_hex
+from llmgw.control.reports import NodeFacts, Registration, Status
 from llmgw.control.settings import Settings, port_taken
 from llmgw.secrets.keys import parse_join_token
 from llmgw.store import joins
