@@ -1,11 +1,11 @@
-"""server.yaml: its schema, the duration and size types, and the one loader (`file.py`, which alone imports control/).
+"""server.yaml: its schema, its duration and size types, and its one loader (`file.py`).
 
 `gateway.py` is the `gateway:` section (what the data plane reads), `units.py` the duration and
-size types every section uses, and `file.py` the whole file: one Struct whose fields are the
-sections (`gateway`, `control_plane`, `models`), checked with every fault reported by its path.
-`file.py` joins in the control plane's sections, so it imports control/ and is for the command
-line; this package's own names are the gateway section's and the errors, which the data plane
-imports without pulling in the control plane.
+size types every section uses, `check.py` the walk that finds every fault in raw YAML, and
+`file.py` the whole file: one Struct whose fields are the sections (`gateway`, `control_plane`,
+`models`). `file.py` joins in the control plane's sections, so it alone imports control/ and is
+for the command line; the names here are the gateway section's and its errors, which the data
+plane imports without pulling in the control plane.
 """
 
 from .gateway import (

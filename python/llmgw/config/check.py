@@ -45,7 +45,7 @@ def check(raw: Any, cls: type[T], root: str = "$") -> tuple[T | None, list[str]]
         return None, errors
     try:
         return msgspec.convert(value, cls, strict=True), []
-    except msgspec.ValidationError as e:  # a rule the walk does not know of: said as msgspec says it
+    except msgspec.ValidationError as e:  # a rule the walk does not know: as msgspec says it
         return None, [_from_msgspec(root, str(e))]
 
 

@@ -65,9 +65,11 @@ class Endpoint(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     url: str
     models: list[str]
     kv_events: str | None = None
-    """The replica's KV-event publisher (vLLM `--kv-events-config` endpoint), e.g. tcp://10.0.0.5:5557."""
+    """The replica's KV-event publisher (vLLM `--kv-events-config` endpoint), e.g.
+    tcp://10.0.0.5:5557."""
     kv_replay: str | None = None
-    """Its replay endpoint, e.g. tcp://10.0.0.5:5558; without it a lost batch drops the replica's entries."""
+    """Its replay endpoint, e.g. tcp://10.0.0.5:5558; without it a lost batch drops the
+    replica's entries."""
 
     def __post_init__(self) -> None:
         check_http_url(self.url, f"endpoint {self.id!r} has url {self.url!r}")
