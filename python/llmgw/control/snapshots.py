@@ -1,6 +1,6 @@
 """The snapshot publisher: the gateways' view of keys and limits, and the long-poll that pushes it.
 
-The lead's control plane calls `refresh(build)` after every admin change and once a
+The leading control plane calls `refresh(build)` after every admin change and once a
 second; gateways wait in `GET /internal/v1/snapshot?after=N` and are answered as
 soon as the version differs from N. A revoked key therefore reaches every gateway
 worker within one round trip of the change.
