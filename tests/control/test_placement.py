@@ -10,7 +10,7 @@ from llmgw.control.capacity import Capacity
 from llmgw.control.catalog import Model
 from llmgw.control.inventory import Node, Replica
 from llmgw.control.placement import BinPacking, explain, headroom
-from tests.control.fleet import A100, GiB, gpus, model, node, profile, replica, where
+from tests.support.inventory import A100, GiB, gpus, model, node, profile, replica, where
 
 
 def place(
