@@ -58,7 +58,8 @@ class LaunchRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Where it answers replay requests for missed event batches (ZMQ ROUTER)."""
 
     def __repr__(self) -> str:  # the key must not reach a log through a repr
-        return f"LaunchRequest(replica_id={self.replica_id!r}, model={self.model!r}, engine={self.engine!r}, port={self.port})"
+        return (f"LaunchRequest(replica_id={self.replica_id!r}, model={self.model!r}, "
+                f"engine={self.engine!r}, port={self.port})")
 
 
 class Launch(msgspec.Struct, frozen=True, kw_only=True):
