@@ -5,9 +5,14 @@
 //!
 //! Run: `cargo bench --bench index` (release profile). `KV_BENCH_SCALE=0.1`
 //! shrinks the work for a quick look.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_sign_loss)]
+#![expect(
+    clippy::unwrap_used,
+    clippy::cast_sign_loss,
+    reason = "a benchmark stops on a broken setup; its casts are of small non-negative counts"
+)]
 
 #[path = "../tests/kv/msgpack.rs"]
+#[expect(dead_code, reason = "the writer is shared by several crates; this one uses a part")]
 mod msgpack;
 
 use std::hint::black_box;

@@ -202,7 +202,7 @@ pub fn patch_request(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[expect(clippy::unwrap_used, reason = "a test fails loudly: unwrap is its assertion")]
 mod tests {
     use super::*;
 

@@ -204,7 +204,7 @@ impl Field<'_> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[expect(clippy::unwrap_used, reason = "a test fails loudly: unwrap is its assertion")]
 mod tests {
     use super::*;
 

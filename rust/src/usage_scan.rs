@@ -597,7 +597,7 @@ pub fn hour_start(started: f64) -> i64 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[expect(clippy::unwrap_used, reason = "a test fails loudly: unwrap is its assertion")]
 mod tests {
     use super::*;
 

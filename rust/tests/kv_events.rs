@@ -1,10 +1,10 @@
 //! The KV-event index fed batches byte for byte as vLLM and `SGLang` publish them:
 //! fixtures made by msgspec (tests/fixtures/kv/gen.py) and hand-built ones.
-#![allow(
+#![expect(
     clippy::unwrap_used,
-    clippy::expect_used,
     clippy::panic,
-    clippy::many_single_char_names
+    clippy::many_single_char_names,
+    reason = "a test fails loudly; prompts are named a, b, c as the scenarios draw them"
 )]
 
 #[path = "kv/msgpack.rs"]

@@ -20,10 +20,6 @@ pub struct KvIndex {
 
 impl KvIndex {
     /// The shared index, for the router's binding to hold.
-    #[allow(
-        dead_code,
-        reason = "the router binding takes it; not every build has that yet"
-    )]
     pub(crate) fn shared(&self) -> SharedKvIndex {
         Arc::clone(&self.inner)
     }

@@ -86,7 +86,10 @@ impl UsageRows {
 
     /// A request without kept bodies ended: `ending`, then its row appended unless it
     /// was dropped (False). Durations in seconds. Without `track`, only the row.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one keyword argument per usage-row column, as the Python caller passes them"
+    )]
     #[pyo3(signature = (request_id, model, upstream_model, replica, status, http_status, stream,
                         prompt_tokens, completion_tokens, usage_estimated, ttft_s, duration_s,
                         finish_reason, retries, started_at, route, key_id, user_id, project_id,

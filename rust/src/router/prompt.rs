@@ -243,7 +243,7 @@ pub fn render(body: &[u8], chat: bool) -> Option<Cow<'_, str>> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![expect(clippy::unwrap_used, reason = "a test fails loudly: unwrap is its assertion")]
     use super::*;
 
     #[test]

@@ -1,4 +1,4 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![expect(clippy::unwrap_used, reason = "a test fails loudly: unwrap is its assertion")]
 
 use proptest::prelude::*;
 

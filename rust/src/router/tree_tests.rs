@@ -1,5 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use super::tree::{Limits, PrefixTree};
 
 fn tree(max_bytes: usize, max_nodes: usize, ttl_ms: u64) -> PrefixTree {

@@ -1,6 +1,5 @@
 //! A tiny msgpack writer for hand-built event batches (the subset msgspec emits).
-#![allow(dead_code, reason = "shared by several test crates, each using a part")]
-#![allow(
+#![expect(
     clippy::cast_sign_loss,
     reason = "the encoder range-checks before each cast"
 )]
