@@ -1,4 +1,4 @@
-"""No hand-written Python or Rust file is over 800 lines: past that, a file holds more than one role.
+"""No hand-written Python or Rust file over 800 lines: past that, a file holds more than one role.
 
 The files counted are the tracked `*.py` and `*.rs` under python/, rust/, tests/ and bench/
 (`git ls-files`, so build output and a scratch file in the working tree do not count), less
