@@ -354,6 +354,16 @@ def test_scope_arguments_take_the_path_form(fake: type[_Fake],
         assert (json.loads(fake.seen[-1][2]) if fake.seen[-1][2] else None) == body, argv
 
 
+def test_members_are_shown_at_the_path_a_scope_argument_takes(
+        fake: type[_Fake], capsys: pytest.CaptureFixture[str]) -> None:
+    fake.answers[("GET", "/api/v1/members")] = _json(200, [
+        {"user_id": "user_x", "user": "ann", "scope": "team:acme/ml", "scope_id": "team_x",
+         "role": "admin"}])
+    assert ctl(capsys, "members", "list") == snapshot((0, (
+        "USER  SCOPE    ROLE\n"
+        "ann   acme/ml  admin\n"), ""))
+
+
 def test_a_malformed_path_is_refused_before_anything_is_sent(
         fake: type[_Fake], capsys: pytest.CaptureFixture[str]) -> None:
     refused = {

@@ -17,7 +17,7 @@ Where = Literal["path", "query", "body"]
 Kind = Literal["text", "org", "team", "project", "scope", "new-org", "new-team", "new-project",
                "int", "bool", "flag", "list", "model"]
 Output = Literal["table", "object", "key", "token", "csv", "json", "routes", "done"]
-ColumnKind = Literal["text", "time", "duration", "limits", "bool"]
+ColumnKind = Literal["text", "time", "duration", "limits", "bool", "scope"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class Column:
     header: str
     field: str
     kind: ColumnKind = "text"
+    """scope: the API's `team:acme/ml` shown as the path a scope argument takes, acme/ml."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ _TEAM = (Column("ID", "id"), Column("PATH", "path"), Column("MAX KEY TTL", "max_
 _PROJECT = (Column("ID", "id"), Column("PATH", "path"), Column("KEEP BODIES", "keep_bodies", "bool"),
             Column("MAX KEY TTL", "max_key_ttl", "duration"), Column("LIMITS", "limits", "limits"), _CREATED)
 _USER = (Column("ID", "id"), Column("NAME", "name"), Column("EMAIL", "email"), _CREATED)
-_MEMBER = (Column("USER", "user"), Column("SCOPE", "scope"), Column("ROLE", "role"))
+_MEMBER = (Column("USER", "user"), Column("SCOPE", "scope", "scope"), Column("ROLE", "role"))
 _KEY = (Column("ID", "id"), Column("NAME", "name"), Column("PREFIX", "prefix"), Column("PROJECT", "path"),
         Column("USER", "user"), Column("EXPIRES", "expires_at", "time"),
         Column("LAST USED", "last_used_at", "time"), Column("REVOKED", "revoked_at", "time"))

@@ -9,6 +9,7 @@ from typing import Any
 from llmgw.config.units import format_duration
 
 from .commands import Column, ColumnKind
+from .paths import unprefixed
 
 
 def cell(value: Any, kind: ColumnKind = "text", field: str = "") -> str:
@@ -19,6 +20,8 @@ def cell(value: Any, kind: ColumnKind = "text", field: str = "") -> str:
         return iso(float(value))
     if kind == "duration" and isinstance(value, (int, float)) and not isinstance(value, bool):
         return format_duration(float(value))
+    if kind == "scope" and isinstance(value, str):
+        return unprefixed(value)
     if kind == "limits" and isinstance(value, dict):
         return " ".join(f"{k}={v}" for k, v in value.items() if v is not None) or "-"
     if isinstance(value, bool):
