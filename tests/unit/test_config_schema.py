@@ -227,3 +227,37 @@ def faults_of(doc: dict[str, Any]) -> list[str]:
     with pytest.raises(ConfigError) as e:
         check_server(doc, "f")
     return e.value.errors
+
+
+def test_config_check_asks_the_router_as_the_gateway_does(tmp_path: Path) -> None:
+    path = tmp_path / "server.yaml"
+    path.write_text("gateway:\n  endpoints: [{id: a, url: 'http://h:1', models: [m]}]\n"
+                    "  routing: {m: {policy: fastest}}\n")
+    checked = llmgw("config", "check", str(path))
+    assert checked.returncode == 1 and checked.stderr.startswith("error: gateway.routing.m: ")
+    assert llmgw("gateway", "--config", str(path)).stderr == checked.stderr
+
+
+def test_up_keeps_the_file_s_sections_with_this_machine_s_wiring_over_them() -> None:
+    from llmgw.cli.up import model_entry, up_document
+
+    mine = {"name": "mine", "source": {"repo": "o/m"}, "profiles": [{"name": "p", "engine": "sim"}]}
+    given = {"gateway": {"timeouts": {"idle": "5s"}, "control_plane": {"lease_wait": "1s"}},
+             "control_plane": {"lost_after": "5m", "agent_port": 1},
+             "models": [mine]}
+    wiring = {"host": "::1", "port": 9000,
+              "control_plane": {"url": "http://127.0.0.1:8081", "data_dir": "/d"}}
+    doc = up_document(given, 8082, wiring, model_entry("sim", "sim-model", 20, 10))
+    loaded = check_server(doc, "up-server.yaml")
+    gateway = loaded.gateway
+    assert (gateway.host, gateway.port, gateway.timeouts.idle) == ("::1", 9000, 5)
+    link = gateway.control_plane
+    assert link is not None and (link.urls, link.data_dir, link.lease_wait) == (
+        ["http://127.0.0.1:8081"], "/d", 1.0)
+    cp = loaded.control_plane
+    assert (cp.lost_after, cp.agent_port, cp.agent_insecure) == (300.0, 8082, True)
+    assert cp.gateway_url == "http://[::1]:9000"
+    assert [m.name for m in loaded.models] == ["mine", "sim-model"]
+    again = up_document({"models": [{**mine, "name": "sim-model"}]}, 8082, wiring,
+                        model_entry("sim", "sim-model", 20, 10))
+    assert again["models"] == [{**mine, "name": "sim-model"}]  # the file's model of that name wins

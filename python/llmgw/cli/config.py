@@ -1,7 +1,9 @@
 """`llmgw config check FILE` and `llmgw config defaults`: server.yaml checked, and written out.
 
 `check` reads the file through the same loader as `llmgw up`, `llmgw server` and `llmgw
-gateway`, so it refuses exactly what they would refuse at start, and says every fault.
+gateway`, and asks the router about `gateway.routing` as the gateway does, so it refuses what
+they would refuse at start, every fault at once; what only the machine that runs them knows (a
+port taken, the data dir's secret) is theirs to say.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         loaded = load_server_file(args.file)
+        from llmgw.gateway.routing import validate
+
+        gateway = loaded.gateway
+        validate(gateway.routing, [(ep.id, ep.models) for ep in gateway.endpoints])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
