@@ -402,6 +402,8 @@ def test_the_forms_a_path_replaces_are_answered_with_it(
         ("projects", "create", "acme/ml", "chat", "--rpm", "5"): "projects create takes the new "
             "project as one path, ORG/TEAM/PROJECT, not as two arguments: "
             "llmgw ctl projects create acme/ml/chat",
+        ("teams", "create", "acme/ml", "x"): "teams create takes the new team as one path, "
+            "ORG/TEAM, not as two arguments: llmgw ctl teams create acme/ml",
         ("teams", "list", "--org", "acme"): "--org is spelled --in here, with a path: "
             "llmgw ctl teams list --in acme",
         ("projects", "list", "--team", "acme/ml"): "--team is spelled --in here, with a path: "

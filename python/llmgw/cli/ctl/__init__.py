@@ -119,9 +119,11 @@ def _old_forms(cmd: Command, args: argparse.Namespace) -> None:
             raise _Usage(f"{a.replaces} is spelled {a.flag} here, with a path: "
                          f"{words} {a.flag} {paths.unprefixed(old)}")
         level = _NEW[a.kind]
+        joined = f"{getattr(args, _dest(a))}/{old}"
+        depth = paths.LEVELS.index(level) + 1
+        example = joined if joined.count("/") + 1 == depth else paths.EXAMPLE[level]
         raise _Usage(f"{cmd.noun} {cmd.verb} takes the new {paths.WHAT[level]} as one path, "
-                     f"{paths.FORM[level]}, not as two arguments: "
-                     f"{words} {getattr(args, _dest(a))}/{old}")
+                     f"{paths.FORM[level]}, not as two arguments: {words} {example}")
 
 
 def _token(args: argparse.Namespace) -> tuple[str | None, str]:

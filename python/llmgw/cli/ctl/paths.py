@@ -25,7 +25,7 @@ EXAMPLE: dict[str, str] = {"org": "acme", "team": "acme/ml", "project": "acme/ml
 WHAT: dict[str, str] = {"org": "organization", "team": "team", "project": "project"}
 _PREFIX: dict[str, str] = {"org": "org_", "team": "team_", "project": "proj_"}
 _NAME = re.compile(NAME_PATTERN)
-_ORDINAL = ("first", "second", "third")
+_ORDINAL = ("first", "second", "third", "fourth")
 
 
 class BadPath(ValueError):
@@ -41,7 +41,7 @@ def _id_level(text: str) -> Level | None:
 def _names_problem(names: list[str]) -> str | None:
     """Why a path's names are not names, or None when each follows the name rule."""
     for i, name in enumerate(names):
-        where = _ORDINAL[i] if i < len(_ORDINAL) else f"name {i + 1}"
+        where = _ORDINAL[i] if i < len(_ORDINAL) else f"{i + 1}th"
         if not name:
             return f"its {where} name is empty"
         if not _NAME.match(name) or ".." in name or is_id(name):
@@ -66,10 +66,7 @@ def reference(level: Level, text: str, label: str) -> str:
         return text
     if got is not None:
         raise _refuse(label, text, what, f"it is {_a(got)}'s ID", level, True)
-    names = text.split("/")
-    why = _names_problem(names)
-    if why is None and len(names) != LEVELS.index(level) + 1:
-        why = _depth(len(names), level)
+    why = _path_problem(text.split("/"), level)
     if why is not None:
         raise _refuse(label, text, what, why, level, True)
     return text
@@ -81,9 +78,7 @@ def new(level: Level, text: str, label: str) -> tuple[str, str]:
     if _id_level(text) is not None:
         raise _refuse(label, text, what, "an ID names something that exists", level, False)
     names = text.split("/")
-    why = _names_problem(names)
-    if why is None and len(names) != LEVELS.index(level) + 1:
-        why = _depth(len(names), level)
+    why = _path_problem(names, level)
     if why is not None:
         raise _refuse(label, text, what, why, level, False)
     return "/".join(names[:-1]), names[-1]
@@ -118,6 +113,11 @@ def _a(level: Level) -> str:
     return f"a{'n' if level == 'org' else ''} {WHAT[level]}"
 
 
-def _depth(n: int, level: Level) -> str:
+def _path_problem(names: list[str], level: Level) -> str | None:
+    """Why `names` is not the path of one at `level`, or None when it is."""
+    why = _names_problem(names)
     want = LEVELS.index(level) + 1
-    return f"it has {n} name{'s' if n != 1 else ''}, and {_a(level)}'s path has {want}"
+    if why is None and len(names) != want:
+        plural = "s" if len(names) != 1 else ""
+        why = f"it has {len(names)} name{plural}, and {_a(level)}'s path has {want}"
+    return why
