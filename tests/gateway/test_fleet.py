@@ -11,7 +11,7 @@ import pytest
 
 from llmgw.admin.internal import wake as wake_route
 from llmgw.admin.route import ApiError, Request
-from llmgw.config import Endpoint, Health
+from llmgw.config import Endpoint, HealthChecks
 from llmgw.gateway.fleet import Catalog, diff_replicas
 from llmgw.gateway.replicas import ReplicaSet
 from llmgw.gateway.wake import Waker, WakeRefused
@@ -199,7 +199,7 @@ def test_a_model_taken_out_of_the_catalog_refuses_its_waiters() -> None:
 def test_update_keeps_positions_current_and_retires_removed_replicas() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        rs = ReplicaSet(loop, [Endpoint(id="r1", url="http://127.0.0.1:1", models=["s"])], Health())
+        rs = ReplicaSet(loop, [Endpoint(id="r1", url="http://127.0.0.1:1", models=["s"])], HealthChecks())
         added, removed = rs.update([rep("a"), rep("b", key=None)])
         assert [r.id for r in added] == ["a", "b"] and removed == []
         assert [(r.id, r.index) for r in rs.replicas] == [("r1", 0), ("a", 1), ("b", 2)]
@@ -231,7 +231,7 @@ def test_update_keeps_positions_current_and_retires_removed_replicas() -> None:
 def test_update_starts_and_stops_probes_of_placed_replicas() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        rs = ReplicaSet(loop, [], Health())
+        rs = ReplicaSet(loop, [], HealthChecks())
         rs.start_probes()
         (a,), _ = rs.update([rep("a", port=1)])
         assert a.probe is not None and not a.probe.done()
@@ -246,7 +246,7 @@ def test_update_starts_and_stops_probes_of_placed_replicas() -> None:
 
 def test_update_leaves_out_a_replica_it_cannot_reach() -> None:
     async def main() -> None:
-        rs = ReplicaSet(asyncio.get_running_loop(), [], Health())
+        rs = ReplicaSet(asyncio.get_running_loop(), [], HealthChecks())
         added, _ = rs.update([ReplicaEntry(id="x", model="m", url="https://h:1"),
                               ReplicaEntry(id="y", model="m", url="http://h:1", engine_key="a\r\nX-Evil: 1"),
                               rep("z")])

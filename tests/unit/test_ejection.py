@@ -9,14 +9,14 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from llmgw.config import Endpoint, Health
+from llmgw.config import Endpoint, HealthChecks
 from llmgw.gateway.replicas import ReplicaSet
 
 
 def _set(n: int, pct: int, extra: list[Endpoint] | None = None) -> Callable[[], ReplicaSet]:
     eps = [Endpoint(id=f"r{i}", url=f"http://127.0.0.1:{9000 + i}", models=["m"]) for i in range(n)]
     return lambda: ReplicaSet(asyncio.get_running_loop(), eps + (extra or []),
-                              Health(max_ejection_percent=pct, eject_base=30, eject_max=30))
+                              HealthChecks(max_ejection_percent=pct, eject_base=30, eject_max=30))
 
 
 def _routable(rs: ReplicaSet) -> list[str]:
@@ -77,7 +77,7 @@ def test_the_share_is_per_model_and_a_success_ends_the_spared_run() -> None:
         assert last.ejections == 1  # at 100, o may be left with nothing
         rs.succeeded(last)
         rs.router.set_healthy(last.index, True)
-        rs.health = Health(max_ejection_percent=50)
+        rs.health = HealthChecks(max_ejection_percent=50)
         rs.failed(last, "answered HTTP 500")
         assert last.spared and rs.router.is_healthy(last.index)
         rs.succeeded(last)
@@ -90,4 +90,4 @@ def test_the_share_is_per_model_and_a_success_ends_the_spared_run() -> None:
 def test_max_ejection_percent_is_a_percentage() -> None:
     for bad in (-1, 101):
         with pytest.raises(msgspec.ValidationError, match="max_ejection_percent"):
-            msgspec.convert({"max_ejection_percent": bad}, Health)
+            msgspec.convert({"max_ejection_percent": bad}, HealthChecks)

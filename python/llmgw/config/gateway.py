@@ -108,8 +108,9 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     readers: see `gateway/slow_reader.py`): the engine's request is then cancelled."""
 
 
-class Health(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Active probes and passive ejection of replicas."""
+class HealthChecks(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """`gateway.health`: active probes and passive ejection of replicas (the control plane's
+    `/health` answer is another thing, `admin.meta.Health`)."""
 
     probe_interval: Duration = 5.0
     probe_timeout: Duration = 2.0
@@ -205,7 +206,7 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     aliases: dict[str, str] = msgspec.field(default_factory=dict)
     """Client-visible model name -> the name the replicas serve."""
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
-    health: Health = msgspec.field(default_factory=Health)
+    health: HealthChecks = msgspec.field(default_factory=HealthChecks)
     usage_log: str | None = None
     """Append one JSON line per finished request to this file (batched, off the request path)."""
     kv_block_size: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from llmgw import _core
-from llmgw.config import Endpoint, Health
+from llmgw.config import Endpoint, HealthChecks
 from llmgw.net.client import Pool, UpstreamError, fetch
 from llmgw.net.deadlines import Deadlines
 from llmgw.protocol.wire import ReplicaEntry
@@ -77,7 +77,7 @@ class ReplicaSet:
         self,
         loop: asyncio.AbstractEventLoop,
         endpoints: list[Endpoint],
-        health: Health,
+        health: HealthChecks,
         on_ejection: Callable[[str], None] | None = None,
         deadlines: Deadlines | None = None,
     ) -> None:
