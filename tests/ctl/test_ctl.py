@@ -445,6 +445,8 @@ def test_every_output_ends_with_a_newline(fake: type[_Fake], capsys: pytest.Capt
         ("GET", "/api/v1/nodes"): _json(401, {"error": {"message": "no",
                                                         "code": "auth.bad_token"}}),
     })
+    misspelt = tmp_path / "server.yaml"
+    misspelt.write_text("gatway: {}\n")
     runs = [
         ["ctl", "orgs", "list"], ["ctl", "orgs", "list", "--json"], ["ctl", "teams", "list"],
         ["ctl", "orgs", "get", "acme"], ["ctl", "orgs", "delete", "acme"],
@@ -457,6 +459,7 @@ def test_every_output_ends_with_a_newline(fake: type[_Fake], capsys: pytest.Capt
         ["ctl", "orgs", "frobnicate"], ["ctl", "--help"], ["ctl", "teams", "create", "--help"],
         ["ctl", "--server", "http://127.0.0.1:9", "orgs", "list"],
         ["ctl", "--server", "ftp://x", "orgs", "list"], ["--help"], ["version"], ["alerts"],
+        ["config", "defaults"], ["config", "check", str(misspelt)],
     ]
     for argv in runs:
         with contextlib.suppress(SystemExit):  # --help and usage errors exit
