@@ -1,4 +1,5 @@
-"""`llmgw ctl` against a running control plane, and against a stand-in for the routes to come."""
+"""`llmgw ctl` against a running control plane, and against a stand-in server that answers what
+each test sets, to see exactly what a command sends and how it shows each kind of answer."""
 
 from __future__ import annotations
 
