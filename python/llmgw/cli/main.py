@@ -16,23 +16,31 @@ from collections.abc import Sequence
 # row first; a row whose module is None is a group of subcommands, and a row with a
 # module may have subcommands too (`server init`), which are then optional.
 COMMANDS: list[tuple[tuple[str, ...], str, str | None]] = [
-    (("up",), "run a whole llmgw on this machine: control plane, agent, a model and the gateway at :8080", "llmgw.cli.up"),
-    (("gateway",), "serve the OpenAI API in front of engine replicas (keys and limits with --control-plane)", "llmgw.cli.gateway"),
-    (("agent",), "run the node agent: report GPUs, run engines for the control plane", "llmgw.cli.agent"),
-    (("server",), "run the control plane: admin API, tenancy, keys, usage, the fleet (at 127.0.0.1:8081); init: its certificates", "llmgw.cli.server"),
-    (("server", "init"), "create the cluster CA and the agent port's certificate in the data dir", "llmgw.cli.server_init"),
-    (("ctl",), "manage a control plane from the command line: tenancy, keys, usage, nodes, models, replicas", "llmgw.cli.ctl"),
-    (("engine",), "inference engines llmgw can run itself (the simulator, llama.cpp on the CPU)", None),
-    (("engine", "sim"), "run the engine simulator: vLLM's OpenAI surface with no GPU", "llmgw.engines.sim.cli"),
-    (("engine", "llamacpp"), "serve a GGUF model on the CPU with llama.cpp (pip install 'llmgw[cpu]')",
-     "llmgw.engines.llamacpp.cli"),
+    (("up",), "run a whole llmgw on this machine: control plane, agent, a model and the gateway "
+     "at :8080", "llmgw.cli.up"),
+    (("gateway",), "serve the OpenAI API in front of engine replicas (keys and limits with "
+     "--control-plane)", "llmgw.cli.gateway"),
+    (("agent",), "run the node agent: report GPUs, run engines for the control plane",
+     "llmgw.cli.agent"),
+    (("server",), "run the control plane: admin API, tenancy, keys, usage, the fleet (at "
+     "127.0.0.1:8081); init: its certificates", "llmgw.cli.server"),
+    (("server", "init"), "create the cluster CA and the agent port's certificate in the data dir",
+     "llmgw.cli.server_init"),
+    (("ctl",), "manage a control plane from the command line: tenancy, keys, usage, nodes, models, "
+     "replicas", "llmgw.cli.ctl"),
+    (("engine",), "inference engines llmgw can run itself (the simulator, llama.cpp on the CPU)",
+     None),
+    (("engine", "sim"), "run the engine simulator: vLLM's OpenAI surface with no GPU",
+     "llmgw.engines.sim.cli"),
+    (("engine", "llamacpp"), "serve a GGUF model on the CPU with llama.cpp "
+     "(pip install 'llmgw[cpu]')", "llmgw.engines.llamacpp.cli"),
     (("config",), "check a server.yaml, or print one with every default", None),
     (("config", "check"), "check a server.yaml: every fault with its path, exit status 1 when any",
      "llmgw.cli.config"),
     (("config", "defaults"), "print server.yaml with every section and setting at its default",
      "llmgw.cli.config"),
-    (("alerts",), "print Prometheus alerting rules for llmgw's metrics (no leader, lost usage, failing replicas)",
-     "llmgw.cli.alerts"),
+    (("alerts",), "print Prometheus alerting rules for llmgw's metrics (no leader, lost usage, "
+     "failing replicas)", "llmgw.cli.alerts"),
     (("version",), "print the version of llmgw and of its Rust core", "llmgw.cli.version"),
 ]
 
@@ -54,7 +62,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree built from COMMANDS."""
-    top: argparse.ArgumentParser = _Parser(prog="llmgw", description="llmgw: an OpenAI-compatible LLM gateway and GPU-cluster control plane.")
+    top: argparse.ArgumentParser = _Parser(
+        prog="llmgw",
+        description="llmgw: an OpenAI-compatible LLM gateway and GPU-cluster control plane.")
     groups: dict[tuple[str, ...], argparse._SubParsersAction[argparse.ArgumentParser]] = {
         (): top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     }
@@ -65,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         if parent is None:  # a command that runs on its own and has subcommands
             parent = groups[path[:-1]] = parsers[path[:-1]].add_subparsers(
                 dest="_".join(path[:-1]), metavar="COMMAND", required=False)
-        p = parsers[path] = parent.add_parser(path[-1], help=text, description=text[0].upper() + text[1:] + ".")
+        p = parsers[path] = parent.add_parser(path[-1], help=text,
+                                              description=text[0].upper() + text[1:] + ".")
         if module is None:
             groups[path] = p.add_subparsers(dest="_".join(path), metavar="COMMAND", required=True)
             continue
