@@ -67,12 +67,14 @@ def _with_flags(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     """The file's raw `gateway:` section with the flags given merged in."""
     flagged = [msgspec.to_builtins(parse_endpoint(s)) for s in args.endpoint]
     endpoints = raw.get("endpoints")
-    raw["endpoints"] = [*endpoints, *flagged] if isinstance(endpoints, list) else endpoints or flagged
+    raw["endpoints"] = ([*endpoints, *flagged] if isinstance(endpoints, list)
+                        else endpoints or flagged)  # not a list: the check says so
     aliases = raw.setdefault("aliases", {})
     for spec in args.alias:
         name, sep, target = spec.partition("=")
         if not sep or not name or not target:
-            raise ConfigError(f"--alias {spec!r} is not NAME=MODEL; example: --alias gpt-4o=llama-3-70b")
+            raise ConfigError(f"--alias {spec!r} is not NAME=MODEL; "
+                              "example: --alias gpt-4o=llama-3-70b")
         if isinstance(aliases, dict):
             aliases[name] = target
     for key in ("host", "port", "workers", "usage_log"):
@@ -81,10 +83,12 @@ def _with_flags(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
             raw[key] = value
     cp = raw.get("control_plane")
     if args.control_plane is not None:
-        cp = raw["control_plane"] = {**(cp if isinstance(cp, dict) else {}), "url": args.control_plane}
+        given = cp if isinstance(cp, dict) else {}
+        cp = raw["control_plane"] = {**given, "url": args.control_plane}
     if args.data_dir is not None:
         if not cp:
-            raise ConfigError("--data-dir is only used with --control-plane URL (or control_plane.url in --config)")
+            raise ConfigError("--data-dir is only used with --control-plane URL "
+                              "(or control_plane.url in --config)")
         if isinstance(cp, dict):
             cp["data_dir"] = args.data_dir
     return raw
