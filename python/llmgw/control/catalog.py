@@ -1,11 +1,12 @@
 """The catalog: which models the cluster serves, and the profiles a replica of each can run with.
 
 A model is declared in the `models:` section of `server.yaml` or added through
-the admin API; both paths end in `load_models`, so a model is validated the
+the admin API; both are decoded into the Structs here, so a model is validated the
 same way wherever it comes from, and a bad field is reported with its path
-(`$.models[0].profiles[1].gpu_count`).
+(`$.models[0].profiles[1].gpu_count`): server.yaml's by the one loader
+(`llmgw.config.file`, every fault at once), the admin API's by `load_models`.
 
-Sizes are bytes; `load_models` also accepts them written `80GiB`, `512MiB` or `24GB`.
+Sizes are bytes, also written `80GiB`, `512MiB` or `24GB` (`llmgw.config.units`).
 """
 
 from __future__ import annotations
