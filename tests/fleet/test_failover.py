@@ -63,7 +63,7 @@ class Pair:
         store = f"{self.store}?application_name=llmgw-{name}"
         proc = start_process([sys.executable, "-m", "llmgw", "server", "--data-dir",
                               str(self.data_dir), "--store", store, "--port",
-                              str(free_port()), "--config", str(cfg)], READY, timeout=30,
+                              "0", "--config", str(cfg)], READY, timeout=30,
                              env=sim_env())
         srv = Server(proc, proc.url, self.data_dir,
                      (self.data_dir / "admin-token").read_text().strip())
@@ -320,10 +320,10 @@ def ready_on(srv: Server) -> Callable[[], dict[str, int] | None]:
 
 def test_a_second_server_on_one_sqlite_store_does_not_start(tmp_path: Path) -> None:
     first = start_process([sys.executable, "-m", "llmgw", "server", "--data-dir",
-                           str(tmp_path / "data"), "--port", str(free_port())], READY, timeout=30)
+                           str(tmp_path / "data"), "--port", "0"], READY, timeout=30)
     with first:
         second = subprocess.run([sys.executable, "-m", "llmgw", "server", "--data-dir",
-                                 str(tmp_path / "data"), "--port", str(free_port())],
+                                 str(tmp_path / "data"), "--port", "0"],
                                 check=False, capture_output=True, text=True, timeout=30)
         assert second.returncode == 2
         assert second.stderr.replace(str(tmp_path), "TMP") == (
@@ -342,7 +342,7 @@ def test_a_server_whose_agent_port_is_taken_says_so_and_does_not_start(tmp_path:
         config = tmp_path / "server.yaml"
         config.write_text(json.dumps({"control_plane": {"agent_insecure": True, "agent_port": port}}))
         r = subprocess.run([sys.executable, "-m", "llmgw", "server", "--data-dir",
-                            str(tmp_path / "data"), "--port", str(free_port()), "--config",
+                            str(tmp_path / "data"), "--port", "0", "--config",
                             str(config)], check=False, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stdout == ""  # no ready line

@@ -19,7 +19,7 @@ from tests.gateway.test_routing import SYSTEM, TOKENIZER
 from tests.support.cluster import GATEWAY_READY
 from tests.support.fleet import SIM_MODEL, Fleet
 from tests.support.gateway import metric_value
-from tests.support.procs import Proc, free_port, start_process, wait_for
+from tests.support.procs import Proc, start_process, wait_for
 from tests.support.sim import sim_env
 
 _HEALTHY = re.compile(r'^llmgw_replica_healthy\{replica="([^"]+)"\} ', re.MULTILINE)
@@ -43,7 +43,7 @@ def issue_key(post: Post, name: str = "load", *, first: bool = True) -> str:
 
 
 def _gateway(f: Fleet, config: dict[str, Any] | None = None) -> Proc:
-    args = [sys.executable, "-m", "llmgw", "gateway", "--port", str(free_port()),
+    args = [sys.executable, "-m", "llmgw", "gateway", "--port", "0",
             "--control-plane", f.server.url, "--data-dir", str(f.server.data_dir)]
     if config is not None:
         path = f.tmp / "gateway.yaml"

@@ -18,7 +18,7 @@ from tests.fleet.test_fleet_gateway import Load, Post, _chat, issue_key
 from tests.support.cluster import GATEWAY_READY
 from tests.support.control_plane import Server
 from tests.support.gateway import start_sim
-from tests.support.procs import free_port, start_process, wait_for
+from tests.support.procs import start_process, wait_for
 from tests.support.sim import sim_env
 from tests.support.usage import stored_finals
 
@@ -56,7 +56,7 @@ def test_a_gateway_moves_to_the_new_leader_and_loses_no_usage(pair: Pair) -> Non
 
     with start_sim("--model", "sim-model") as sim:
         gateway = start_process(
-            [sys.executable, "-m", "llmgw", "gateway", "--port", str(free_port()), "--endpoint",
+            [sys.executable, "-m", "llmgw", "gateway", "--port", "0", "--endpoint",
              f"r1={sim.url}=sim-model", "--control-plane", f"{a.url},{b.url}", "--data-dir",
              str(pair.data_dir)], GATEWAY_READY, timeout=30, env=sim_env())
         with gateway:

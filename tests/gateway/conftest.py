@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.support.gateway import GATEWAY_READY, Gateway, start_sim
-from tests.support.procs import Proc, free_port, start_process
+from tests.support.procs import Proc, start_process
 
 
 @pytest.fixture
@@ -20,20 +20,20 @@ def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     started: list[Proc] = []
 
     def make(endpoints: list[str], config: dict[str, Any] | None = None, *args: str) -> Gateway:
-        port = free_port()
-        usage_log = tmp_path / f"usage-{port}.jsonl"
+        n = len(started)
+        usage_log = tmp_path / f"usage-{n}.jsonl"
         cmd = [
             sys.executable,
             "-m",
             "llmgw",
             "gateway",
             "--port",
-            str(port),
+            "0",
             "--usage-log",
             str(usage_log),
         ]
         if config:
-            cfg = tmp_path / f"server-{port}.yaml"
+            cfg = tmp_path / f"server-{n}.yaml"
             cfg.write_text(json.dumps({"gateway": config}))  # JSON is YAML
             cmd += ["--config", str(cfg)]
         for e in endpoints:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.procs import Proc, free_port, start_process
+from tests.support.procs import Proc, start_process
 from tests.support.sim import READY, StartSim, sim_env
 
 
@@ -17,7 +17,7 @@ def start_sim() -> Iterator[StartSim]:
     procs: list[Proc] = []
 
     def start(*options: str) -> Proc:
-        args = [sys.executable, "-m", "llmgw.engines.sim", "--port", str(free_port()), *options]
+        args = [sys.executable, "-m", "llmgw.engines.sim", "--port", "0", *options]
         proc = start_process(args, READY, env=sim_env())
         procs.append(proc)
         return proc
@@ -30,7 +30,7 @@ def start_sim() -> Iterator[StartSim]:
 @pytest.fixture(scope="module")
 def sim() -> Iterator[Proc]:
     """One zero-latency simulator shared by a test module (tests must not need fresh metrics)."""
-    args = [sys.executable, "-m", "llmgw.engines.sim", "--port", str(free_port()),
+    args = [sys.executable, "-m", "llmgw.engines.sim", "--port", "0",
             "--model", "sim-model", "--model", "other-model"]  # fmt: skip
     with start_process(args, READY, env=sim_env()) as proc:
         yield proc

@@ -19,8 +19,7 @@ LONG = " ".join(f"w{i}" for i in range(40))  # 2 full blocks of 16 plus the chat
 
 def start(encoding: str, topic_frame: bool) -> tuple[Proc, str, str]:
     pub, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    port = free_port()
-    args = [sys.executable, "-m", "llmgw.engines.sim", "--port", str(port), "--kv-events-endpoint", pub,
+    args = [sys.executable, "-m", "llmgw.engines.sim", "--port", "0", "--kv-events-endpoint", pub,
             "--kv-replay-endpoint", rep, "--kv-events-encoding", encoding]
     if not topic_frame:
         args.append("--kv-replay-no-topic")

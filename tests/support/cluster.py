@@ -13,7 +13,7 @@ from typing import Any
 
 from llmgw.cli.ctl.client import Client
 from llmgw.secrets.datadir import read_admin_token
-from tests.support.procs import Proc, free_port, start_process
+from tests.support.procs import Proc, start_process
 
 SERVER_READY = "llmgw control plane listening on"
 GATEWAY_READY = "llmgw gateway listening on"
@@ -28,7 +28,7 @@ class Cluster:
         self.data_dir = tmp / "data"
         self.procs: list[Proc] = []
         args = [sys.executable, "-m", "llmgw.cli.main", "server", "--data-dir", str(self.data_dir),
-                "--port", str(free_port())]
+                "--port", "0"]
         if store:
             args += ["--store", store]
         if settings:
@@ -74,8 +74,7 @@ class Cluster:
 
     def sim(self, *args: str) -> Proc:
         """A simulator serving sim-model."""
-        port = free_port()
-        return self._start([sys.executable, "-m", "llmgw.engines.sim", "--port", str(port),
+        return self._start([sys.executable, "-m", "llmgw.engines.sim", "--port", "0",
                             "--model", "sim-model", *args], SIM_READY)
 
     def gateway(self, sim: Proc, workers: int = 1) -> Proc:
@@ -83,8 +82,7 @@ class Cluster:
         once it is ready (`GET /ready`: keys received and the replica healthy), as a load
         balancer's readiness probe would wait. Its listening line comes when the port accepts,
         which may be before the first snapshot: a request then gets 503 `not ready`."""
-        port = free_port()
-        gw = self._start([sys.executable, "-m", "llmgw.cli.main", "gateway", "--port", str(port),
+        gw = self._start([sys.executable, "-m", "llmgw.cli.main", "gateway", "--port", "0",
                           "--workers", str(workers), "--endpoint", f"sim-0={sim.url}=sim-model",
                           "--control-plane", self.server.url, "--data-dir", str(self.data_dir)],
                          GATEWAY_READY)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.procs import Proc, free_port, start_process
+from tests.support.procs import Proc, start_process
 
 READY = "llmgw control plane listening on"
 
@@ -59,14 +59,14 @@ class Server:
 def start_server(tmp_path: Path, store: str | None = None, *extra: str,
                  port: int | None = None, config: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None) -> Server:
-    """`llmgw server` on a free port with a fresh data dir under tmp_path: the one way the
-    tests start a control plane (tests/fleet's `Fleet` too).
+    """`llmgw server` on `port` (else on one it binds and names) with a fresh data dir under
+    tmp_path: the one way the tests start a control plane (tests/fleet's `Fleet` too).
 
     `config` is written to tmp_path/server.yaml and passed with --config; `env` replaces
     the environment (the fleet's agents need `tests.support.sim.sim_env`)."""
     data_dir = tmp_path / "data"
     args = [sys.executable, "-m", "llmgw", "server", "--data-dir", str(data_dir),
-            "--port", str(port or free_port()), *extra]
+            "--port", str(port or 0), *extra]
     if store is not None:
         args += ["--store", store]
     if config is not None:

@@ -9,18 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.procs import Proc, free_port, start_process
+from tests.support.procs import Proc, start_process
 
 SIM_READY = "llmgw-sim listening on"
 GATEWAY_READY = "llmgw gateway listening on"
 
 
 def start_sim(*args: str) -> Proc:
-    """A simulator process on a free port."""
-    port = free_port()
-    return start_process(
-        [sys.executable, "-m", "llmgw.engines.sim", "--port", str(port), *args], SIM_READY, port=port
-    )
+    """A simulator process on a port of its own (`--port 0`: its ready line names it)."""
+    return start_process([sys.executable, "-m", "llmgw.engines.sim", "--port", "0", *args], SIM_READY)
 
 
 class Gateway:

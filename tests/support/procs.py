@@ -183,14 +183,15 @@ def start_process(
     """Start `args` and wait until it prints a line containing `ready_line`.
 
     `.port`/`.url` come from the first URL in the ready line, else from `port`,
-    else from a `--port N` argument.
+    else from a `--port N` argument. A server started on `--port 0` binds a port the kernel
+    picks and names it in its ready line: no port is chosen here and let go before it binds.
     """
     popen = spawn(args, env)
     proc = Proc(popen, args)
     proc._ready_line = ready_line
     if port is None and "--port" in args:
         port = int(args[args.index("--port") + 1])
-    if port is not None:
+    if port:
         proc.port = port
         proc.url = f"http://127.0.0.1:{port}"
     proc._reader.start()

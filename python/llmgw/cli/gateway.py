@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from llmgw.config import CONFIG_ENV, ConfigError, GatewayConfig, encode_gateway, parse_endpoint
-from llmgw.net.serving import serve_app
+from llmgw.net.serving import bind_port, serve_app
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alias", metavar="NAME=MODEL", action="append", default=[],
                         help="serve MODEL under the name NAME too (repeatable)")
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port to listen on (default 8080)")
+    parser.add_argument("--port", type=int, help="port to listen on (default 8080; 0: a free one)")
     parser.add_argument("--workers", type=int, help="granian worker processes (default 1)")
     parser.add_argument("--usage-log", metavar="PATH", help="append a JSON line per finished request to PATH")
     parser.add_argument("--control-plane", metavar="URL[,URL]",
@@ -123,6 +123,8 @@ def serve(cfg: GatewayConfig) -> None:
     """Runs granian with the gateway app until it is told to stop."""
     from granian.http import HTTP1Settings
 
+    # --port 0: the port it got, in the workers' config and in the ready line.
+    cfg = msgspec.structs.replace(cfg, port=bind_port(cfg.host, cfg.port))
     os.environ[CONFIG_ENV] = encode_gateway(cfg).decode()
     short = raise_descriptor_limit(cfg.max_connections + DESCRIPTORS_OF_ITS_OWN)
     if short:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO
 
 from llmgw.config import ConfigError
-from llmgw.net.serving import serve_app
+from llmgw.net.serving import bind_port, serve_app
 from llmgw.secrets.datadir import DataDirError
 
 
@@ -28,7 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default sqlite:///DATA_DIR/llmgw.db)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address of the admin listener (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8081, help="port of the admin listener (default 8081)")
+    parser.add_argument("--port", type=int, default=8081,
+                        help="port of the admin listener (default 8081; 0: a free one)")
     parser.add_argument("--config", metavar="PATH",
                         help="server.yaml to read (its `control_plane:` and `models:` sections; "
                              "the whole file is checked, as by `llmgw config check`)")
@@ -46,8 +47,8 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
     from llmgw.store import connect, migrate
 
     data_dir = (args.data_dir or default_data_dir()).expanduser().absolute()
-    if not 0 < args.port < 65536:
-        raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
+    if not 0 <= args.port < 65536:
+        raise ConfigError(f"--port {args.port} is not a TCP port (1-65535, or 0 for a free one)")
     # The whole file is checked, as by `llmgw config check`; this process runs two sections.
     loaded = load_or_defaults(args.config)
     settings = loaded.control_plane
@@ -78,6 +79,7 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
 
     asyncio.run(migrate_once())
     _schedule(settings.cpu_scheduling)
+    args.port = bind_port(args.host, args.port)  # --port 0: the one it got, in config and ready line
     cfg = ServerConfig(data_dir=str(data_dir), store=store, host=args.host, port=args.port,
                        settings=settings, models=models)
     return encode_config(cfg), lock

@@ -50,6 +50,33 @@ def announce_when_listening(host: str, port: int, line: str, timeout: float = 60
     threading.Thread(target=probe, name="llmgw-ready", daemon=True).start()
 
 
+_HELD: list[socket.socket] = []
+"""The sockets `bind_port` holds: open until the process exits, so their ports stay its own."""
+
+
+def bind_port(host: str, port: int) -> int:
+    """The port a server on `host` serves on: `port`, or for 0 a free one the kernel picks.
+
+    granian binds its listening socket from (host, port), on Linux once in every worker
+    (SO_REUSEPORT), so port 0 handed to it would give each worker a port of its own and
+    tell nobody which. For 0, this process binds (host, 0) itself with SO_REUSEPORT and
+    keeps that socket open for its whole life, never listening on it: the port is this
+    process's from the kernel's pick on, no other process can take it meanwhile, a socket
+    that does not listen is given no connections, and granian's listeners join it. The
+    caller passes the port returned to the app's config and its ready line, which then
+    says where the server listens. Tests start servers on `--port 0` and read that line.
+    """
+    if port != 0:
+        return port
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    _HELD.append(sock)
+    return int(sock.getsockname()[1])
+
+
 YOUNG_COLLECTION_EVERY = 20_000
 """Allocations between the collector's young passes in a worker (CPython's default: 700)."""
 
@@ -72,6 +99,8 @@ def settle_worker_heap() -> None:
 def serve_app(target: str, host: str, port: int, line: str, *, workers: int = 1, **options: Any) -> None:
     """Serves the RSGI app factory `target` ("module:function") with granian on uvloop until
     it is told to stop, printing `line` once the app answers (`announce_when_listening`).
+    `port` is a port, not 0: callers resolve 0 with `bind_port` first, so that the app's
+    config and `line` name the port it got.
 
     Every llmgw server runs this way: the gateway, the control plane, the engines. Access
     logs are off and granian logs warnings only, so stdout carries the one ready line.

