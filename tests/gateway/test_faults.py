@@ -298,7 +298,7 @@ def test_max_connections_bounds_the_connections_served_at_once(gateway_factory: 
         busy = [socket.create_connection((u.hostname, u.port), timeout=10) for _ in range(4)]
         for s in busy:
             s.sendall(request)
-        time.sleep(0.3)
+        time.sleep(0.3)  # for the four to be taken in; asking the gateway would take a place
         t0 = time.monotonic()
         assert http_get(gw.url + "/health")
         waited = time.monotonic() - t0

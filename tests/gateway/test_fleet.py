@@ -107,7 +107,7 @@ def test_waiters_share_one_call_and_are_released_by_the_snapshot() -> None:
         ctl = FakeControl()
         w = make_waker(ctl)
         waits = [asyncio.ensure_future(w.wait("m", 5)) for _ in range(10)]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # time for a second call, if any, to be made
         assert ctl.calls == ["m"]
         assert not any(t.done() for t in waits)
         ctl.served.add("m")

@@ -9,6 +9,7 @@ import pytest
 from llmgw.control.limits import LimitsAuthority
 from llmgw.gateway.limits import FREE, Denied, Limiter, Unavailable
 from llmgw.protocol.wire import KeyEntry, LeaseAsk, LeaseReply, LeaseRequest, Limits
+from tests.support.procs import wait_for_async
 
 
 def _entry(limits: Limits) -> KeyEntry:
@@ -311,8 +312,8 @@ def test_a_share_that_pauses_asks_for_the_batch_it_grew_to_when_it_comes_back() 
 
         async def both() -> tuple[int, int]:
             first = await burst(4000)
-            await asyncio.sleep(0.3)  # quiet: the units go back
-            assert limiter.keys["key_1"].units == 0
+            await wait_for_async("the paused key's units given back",  # quiet meanwhile
+                                 lambda: limiter.keys["key_1"].units == 0)
             return first, await burst(4000)
 
         return await _run(limiter, both())  # type: ignore[return-value]

@@ -85,7 +85,7 @@ def test_a_replica_that_keeps_failing_is_ejected_for_longer_each_time(
         for wait in (0.5, 0.9, 0.9):  # back after 0.4 s, then 0.8, then still 0.8 (the cap)
             time.sleep(wait)
             fail()
-        time.sleep(0.9)
+        time.sleep(0.9)  # the ejection's own clock: a request meanwhile would count
         assert c.chat.completions.create(model="m", messages=MSG, max_tokens=1).choices  # a success ends the run
         fail()
         c.close()
@@ -119,7 +119,7 @@ def test_a_models_only_replica_is_spared_and_keeps_serving(gateway_factory: Call
         assert gw.metric("llmgw_replica_ejections_total", replica="r1") == 0
         # Logged once a run of failures, not once a failure (the output is read on another thread).
         lines = wait_for("the spared replica's log lines", lambda: spared_lines()[1:] and spared_lines(), timeout=5.0)
-        time.sleep(0.2)
+        time.sleep(0.2)  # time for a third line, if any, to be read
         assert len(spared_lines()) == 2, spared_lines()
         assert "model 'm'" in lines[0] and "max_ejection_percent 50" in lines[0], lines
 

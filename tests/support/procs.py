@@ -6,12 +6,14 @@ until a line of its merged stdout/stderr contains `ready_line`, and returns a
 so server workers forked by the child (granian) go too. The bench starts its
 servers with the same `spawn` and `free_port` (bench/procs.py).
 
-`wait_for`, `killpg` and `chat` are the one poll, kill and chat-completion helpers of
-the process tests (tests/fleet, tests/agent, ...).
+`wait_for` (and `wait_for_async` in an event loop), `killpg` and `chat` are the one poll,
+kill and chat-completion helpers of the tests: a test waits on the condition it needs,
+with a deadline and a sentence saying what never came, not for a fixed time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -217,6 +219,18 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 20.0) -> T:
         if last:
             return last
         time.sleep(0.1)
+    raise AssertionError(f"not within {timeout}s: {what} (last: {last!r})")
+
+
+async def wait_for_async(what: str, fn: Callable[[], T | None], timeout: float = 10.0) -> T:
+    """`wait_for` inside an event loop: `fn()` asked every 0.01 s, the loop running between."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        await asyncio.sleep(0.01)
     raise AssertionError(f"not within {timeout}s: {what} (last: {last!r})")
 
 

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import subprocess
 import sys
-import time
 
-from llmgw.net.connections import TcpDiag, address, descriptors, listener_families, shutdown_silent
+from llmgw.net.connections import (
+    Ends,
+    TcpDiag,
+    address,
+    descriptors,
+    listener_families,
+    shutdown_silent,
+)
 from llmgw.net.silent import SilentSweep
+from tests.support.procs import wait_for
 
 
 def _pair(family: int = socket.AF_INET, host: str = "127.0.0.1") -> tuple[socket.socket, socket.socket]:
@@ -85,6 +93,11 @@ def test_an_ipv4_client_of_a_dual_stack_listener_is_found_by_its_plain_addresses
         served.close()
 
 
+def _arrived(sock: socket.socket) -> bool:
+    """Whether bytes wait to be read on `sock`."""
+    return bool(select.select([sock], [], [], 0)[0])
+
+
 def _served(family: int, host: str, n: int) -> tuple[socket.socket, list[socket.socket], list[socket.socket]]:
     """A listener on `host`, and `n` connections to it: (listener, clients, served ends)."""
     srv = socket.socket(family)
@@ -111,10 +124,13 @@ def test_the_kernel_lists_a_listeners_connections_that_sent_nothing() -> None:
     try:
         for c in clients[:10]:
             c.sendall(b"G")
-        time.sleep(0.05)
-        silent = diag.silent(port)
         ends = {(s.getsockname(), s.getpeername()) for s in served[10:]}
-        assert set(silent.values()) == ends
+
+        def silent_ones() -> dict[int, Ends] | None:
+            now = diag.silent(port)
+            return now if set(now.values()) == ends else None
+
+        silent = wait_for("the ten that spoke to leave the kernel's list", silent_ones)
         # Each is one of this process's descriptors, found by its inode; a shutdown ends it
         # for its peer, unless its first byte came meanwhile.
         fds = descriptors(set(silent))
@@ -122,7 +138,7 @@ def test_the_kernel_lists_a_listeners_connections_that_sent_nothing() -> None:
         by_fd = {fd: inode for inode, fd in fds.items()}
         quiet, late = served[10], served[11]
         clients[11].sendall(b"G")
-        time.sleep(0.05)
+        wait_for("the late one's first byte", lambda: _arrived(late))
         assert not shutdown_silent(late.fileno(), silent[by_fd[late.fileno()]])
         assert not shutdown_silent(quiet.fileno(), (silent[by_fd[quiet.fileno()]][0], ("127.0.0.1", 1)))
         assert shutdown_silent(quiet.fileno(), silent[by_fd[quiet.fileno()]])
@@ -159,7 +175,7 @@ def test_the_sweep_closes_what_stayed_silent_for_the_deadline_and_nothing_else()
         assert sweep.interval == 2.0
         assert sweep.sweep(100.0) == 0 and len(sweep.first_seen) == 6  # first seen now
         clients[0].sendall(b"G")
-        time.sleep(0.05)
+        wait_for("the first one's byte", lambda: _arrived(served[0]))
         assert sweep.sweep(105.0) == 0 and len(sweep.first_seen) == 5  # it spoke: forgotten
         # Another worker's (a descriptor only another process holds) is listed, left alone.
         elsewhere = served.pop(5)
