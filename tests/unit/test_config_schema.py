@@ -82,7 +82,7 @@ def test_a_good_file_is_one_line_and_exit_0(tmp_path: Path) -> None:
     path.write_text("gateway:\n  endpoints: [{id: a, url: 'http://127.0.0.1:1', models: [m]}]\n"
                     "control_plane: {lost_after: 5m}\n")
     r = llmgw("config", "check", str(path))
-    assert (r.returncode, r.stdout, r.stderr) == (0, f"{path}: OK (1 endpoints, 0 models)\n", "")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"{path}: OK (1 endpoint, 0 models)\n", "")
 
 
 def test_config_defaults_is_a_file_config_check_accepts_as_the_defaults(tmp_path: Path) -> None:

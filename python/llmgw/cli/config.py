@@ -36,6 +36,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"{args.file}: OK ({len(loaded.gateway.endpoints)} endpoints, "
-          f"{len(loaded.models)} models)")
+    print(f"{args.file}: OK ({_count(len(loaded.gateway.endpoints), 'endpoint')}, "
+          f"{_count(len(loaded.models), 'model')})")
     return 0
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
