@@ -261,3 +261,33 @@ def test_up_keeps_the_file_s_sections_with_this_machine_s_wiring_over_them() -> 
     again = up_document({"models": [{**mine, "name": "sim-model"}]}, 8082, wiring,
                         model_entry("sim", "sim-model", 20, 10))
     assert again["models"] == [{**mine, "name": "sim-model"}]  # the file's model of that name wins
+
+
+def test_config_defaults_shows_the_form_of_what_has_no_default() -> None:
+    # Endpoints, the gateway's control plane and the models are none by default; their
+    # fields follow, commented, and filled in they check.
+    import yaml
+
+    lines = defaults_yaml().splitlines()
+
+    def form(after: str, indent: str) -> Any:
+        block = []
+        for line in lines[lines.index(after) + 1:]:
+            if not line.startswith(indent + "# ") or line[len(indent) + 2:][:1].isupper():
+                break
+            block.append(line[len(indent) + 2:])
+        return yaml.safe_load("\n".join(block))
+
+    [endpoint] = form("  endpoints: []", "  ")["endpoints"]
+    assert list(endpoint) == ["id", "url", "models", "kv_events", "kv_replay"]
+    link = form("  control_plane: null", "  ")["control_plane"]
+    assert (link["snapshot_wait"], link["usage_interval"]) == ("20s", "250ms")
+    [model] = form("models: []", "")["models"]
+    assert model["scale_up_timeout"] == "5m" and model["profiles"][0]["nvlink"] == "prefer"
+    endpoint.update(id="a", url="http://h:1", models=["m"])
+    link["url"] = "http://h:2"
+    model.update(name="m", source={"repo": "o/m"})
+    model["profiles"][0].update(name="p", engine="sim")
+    loaded = check_server({"gateway": {"endpoints": [endpoint], "control_plane": link},
+                           "models": [model]}, "f")
+    assert loaded.gateway.control_plane is not None and loaded.models[0].scale_up_timeout == 300

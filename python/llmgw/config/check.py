@@ -119,7 +119,7 @@ def _struct(value: Any, cls: type[msgspec.Struct], path: str, errors: list[str])
         out[key] = _walk(v, field.type, join(path, key), errors, default)
     for name, field in fields.items():
         if field.required and name not in value:
-            errors.append(f"{join(path, name)}: missing; add it ({_describe(field.type)})")
+            errors.append(f"{join(path, name)}: missing; add it ({describe(field.type)})")
     if len(errors) > before:
         return _BAD
     try:
@@ -146,7 +146,7 @@ def _leaf(value: Any, tp: Any, path: str, errors: list[str], default: Any,
         msgspec.convert(value, tp, strict=True)
     except msgspec.ValidationError:
         said = shown(value if written is None else written)
-        errors.append(f"{path}: {said} is not {_describe(tp)}; {_advice(tp, default)}")
+        errors.append(f"{path}: {said} is not {describe(tp)}; {_advice(tp, default)}")
         return _BAD
     return value
 
@@ -208,7 +208,7 @@ def as_written(value: Any, tp: Any) -> Any:
     return value
 
 
-def _describe(tp: Any) -> str:
+def describe(tp: Any) -> str:
     """What a value of `tp` is, in words: `a whole number from 1 to 256`."""
     return _words(mi.type_info(tp))
 

@@ -15,6 +15,8 @@ import itertools
 import os
 import re
 import textwrap
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ import yaml
 from llmgw.control.catalog import Catalog, Model
 from llmgw.control.settings import Settings
 
-from .check import as_written, check
+from .check import as_written, check, describe
 from .gateway import ConfigError, GatewayConfig
 
 
@@ -117,8 +119,46 @@ def _struct_lines(obj: msgspec.Struct, depth: int) -> list[str]:
         if isinstance(value, msgspec.Struct):
             lines.append(f"{pad}{f.encode_name}:")
             lines += _struct_lines(value, depth + 1)
+            continue
+        lines.append(f"{pad}{f.encode_name}: {_scalar(as_written(value, f.type))}")
+        shape = _struct_in(f.type)
+        if shape is not None:  # none by default: its form, commented, to fill in
+            item = typing.get_origin(f.type) is list
+            lines += [f"{pad}# {line}" for line in
+                      [f"{f.encode_name}:", *_template(shape, 1, item)]]
+    return lines
+
+
+def _struct_in(tp: Any) -> type[msgspec.Struct] | None:
+    """The Struct of a field typed `S | None` or `list[S]`, else None."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    origin = typing.get_origin(tp)
+    if origin is list or (origin in (typing.Union, types.UnionType) and len(args) == 1):
+        inner = args[0]
+        if isinstance(inner, type) and issubclass(inner, msgspec.Struct):
+            return inner
+    return None
+
+
+def _template(cls: type[msgspec.Struct], depth: int, item: bool) -> list[str]:
+    """Every field of `cls` at its default, a required one with what it takes; as one entry of a
+    list (`- `) when `item`."""
+    lines: list[str] = []
+    for f in msgspec.structs.fields(cls):
+        lead = "  " * depth if not item else "  " * (depth - 1) + ("- " if not lines else "  ")
+        shape = _struct_in(f.type) or (f.type if isinstance(f.type, type)
+                                       and issubclass(f.type, msgspec.Struct) else None)
+        if f.required and shape is not None:
+            lines.append(f"{lead}{f.encode_name}:")
+            listed = typing.get_origin(f.type) is list
+            lines += _template(shape, depth + 1 + int(listed), listed)
+        elif f.required:
+            lines.append(f"{lead}{f.encode_name}:   # required: {describe(f.type)}")
         else:
-            lines.append(f"{pad}{f.encode_name}: {_scalar(as_written(value, f.type))}")
+            default = f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+            if isinstance(default, msgspec.Struct):
+                default = msgspec.to_builtins(default)
+            lines.append(f"{lead}{f.encode_name}: {_scalar(as_written(default, f.type))}")
     return lines
 
 
