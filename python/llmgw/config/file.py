@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from llmgw.control.catalog import Catalog, Model
+from llmgw.control.catalog import Catalog, CatalogError, Model
 from llmgw.control.settings import Settings
 
 from .check import as_written, check, describe
@@ -41,7 +41,12 @@ class ServerFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The models the control plane places on its nodes (more are added with `llmgw ctl`)."""
 
     def __post_init__(self) -> None:
-        Catalog(self.models)  # a name or alias used twice is refused here, with both models
+        try:
+            Catalog(self.models)  # a name or alias used twice is refused here, with both models
+        except CatalogError as e:
+            # Said at `$.models` (msgspec's form of a path, which the check reads back).
+            text = str(e)
+            raise ValueError(f"{text[:1].lower()}{text[1:]} - at `$.models`") from e
 
 
 SECTIONS = tuple(f.encode_name for f in msgspec.structs.fields(ServerFile))
