@@ -1,5 +1,5 @@
-"""A real control plane with a fleet: `llmgw server` with models in its server.yaml, and agents
-with simulated GPUs that start real simulator engines."""
+"""Fixtures of the fleet tests: a control plane with agents (`Fleet`), and two control planes
+on one PostgreSQL (`Pair`); the classes are in tests/support/fleet.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.fleet import SIM_MODEL, Fleet
+from tests.support.fleet import SIM_MODEL, Fleet, Pair
+from tests.support.pg import drop_pg_database, fresh_pg_database
 
 
 @pytest.fixture
@@ -25,3 +26,15 @@ def fleet_factory(tmp_path: Path) -> Iterator[Callable[..., Fleet]]:
     yield make
     for f in made:
         f.stop()
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[Pair]:
+    """A `Pair` on a fresh PostgreSQL database; everything it started stops at the end."""
+    url = fresh_pg_database()
+    p = Pair(tmp_path, url)
+    try:
+        yield p
+    finally:
+        p.stop()
+        drop_pg_database(url)

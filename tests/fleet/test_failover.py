@@ -16,107 +16,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import grpc
-import pytest
 
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1.agent_pb2_grpc import AgentServiceStub
 from tests.support.control_plane import READY, Server, scrape
-from tests.support.fleet import AGENT_READY, FAST, SIM_MODEL
-from tests.support.pg import drop_pg_database, fresh_pg_database
-from tests.support.procs import Proc, free_port, killpg, start_process, wait_for
-from tests.support.sim import sim_env
-
-TTL = 2.0
-# A failover takes the rest of the dead leader's lease, then up to a third of a TTL until
-# the standby's next try, then attaching the parts (loading the fleet from the store).
-TAKEOVER_SLACK = TTL / 3 + 2.0
-# Agents come back after a failover within their reconnect back-off (0.5 s doubling), so a
-# node must not be declared lost in the meantime: lost_after well above the failover time.
-HA = {**FAST, "unreachable_after": 10, "lost_after": 60, "leader_lease_ttl": TTL}
-
-
-class Pair:
-    """Two control planes on one PostgreSQL, sharing a data dir (the same secret and tokens)."""
-
-    def __init__(self, tmp: Path, store: str) -> None:
-        self.tmp = tmp
-        self.store = store
-        self.data_dir = tmp / "data"
-        self.servers: list[Server] = []
-        self.agent_ports: list[int] = []
-        self.agents: dict[str, Proc] = {}
-
-    def server(self, name: str, models: list[dict[str, Any]] | None = None) -> Server:
-        """`llmgw server` with its own admin and agent ports (and `SIM_MODEL` unless `models`)."""
-        agent_port = free_port()
-        cfg = self.tmp / f"{name}.yaml"
-        cfg.write_text(json.dumps({"control_plane": {"agent_insecure": True,
-                                                     "agent_port": agent_port, **HA},
-                                   "models": [SIM_MODEL] if models is None else models}))
-        # Each server's connections carry its name, so a test can tell whose writes it sees.
-        store = f"{self.store}?application_name=llmgw-{name}"
-        proc = start_process([sys.executable, "-m", "llmgw", "server", "--data-dir",
-                              str(self.data_dir), "--store", store, "--port",
-                              "0", "--config", str(cfg)], READY, timeout=30,
-                             env=sim_env())
-        srv = Server(proc, proc.url, self.data_dir,
-                     (self.data_dir / "admin-token").read_text().strip())
-        self.servers.append(srv)
-        self.agent_ports.append(agent_port)
-        return srv
-
-    def agent(self, node_id: str, control_planes: list[int]) -> Proc:
-        """`llmgw agent` with one simulated GPU (room for one replica: the two replicas land one
-        on each node) that knows the given agent ports, in that order."""
-        low = free_port(41)
-        targets = ",".join(f"127.0.0.1:{p}" for p in control_planes)
-        proc = start_process(
-            [sys.executable, "-m", "llmgw", "agent", "--control-plane", targets, "--insecure",
-             "--fake-gpus", "1xH100-80GB", "--node-id", node_id, "--port-range",
-             f"{low}-{low + 40}", "--engine-host", "127.0.0.1", "--heartbeat-interval", "0.25"],
-            AGENT_READY, timeout=30, env=sim_env())
-        self.agents[node_id] = proc
-        return proc
-
-    def stop(self) -> None:
-        pids: set[int] = set()
-        for srv in self.servers:
-            if srv.proc.popen.poll() is None:
-                try:
-                    pids |= {r["pid"] for r in get(srv, "/api/v1/replicas?all=true") if r["pid"]}
-                except (AssertionError, OSError):
-                    pass
-        for a in self.agents.values():
-            a.terminate()
-        for pid in pids:
-            killpg(pid)
-        for srv in self.servers:
-            srv.proc.terminate()
-
-
-def get(srv: Server, path: str) -> Any:
-    """An admin GET that must answer 200."""
-    status, _, body = srv.call("GET", path)
-    assert status == 200, (path, status, body)
-    return body
-
-
-@pytest.fixture
-def pair(tmp_path: Path) -> Iterator[Pair]:
-    """A `Pair` on a fresh PostgreSQL database; everything it started stops at the end."""
-    url = fresh_pg_database()
-    p = Pair(tmp_path, url)
-    try:
-        yield p
-    finally:
-        p.stop()
-        drop_pg_database(url)
+from tests.support.fleet import TAKEOVER_SLACK, TTL, Pair, get
+from tests.support.procs import Proc, start_process, wait_for
 
 
 def refusal(agent_port: int) -> grpc.RpcError:

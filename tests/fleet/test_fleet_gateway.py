@@ -8,38 +8,19 @@ from __future__ import annotations
 import json
 import re
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from tests.gateway.test_routing import SYSTEM, TOKENIZER
 from tests.support.cluster import GATEWAY_READY
-from tests.support.fleet import SIM_MODEL, Fleet
-from tests.support.gateway import metric_value
+from tests.support.fleet import SIM_MODEL, Fleet, Load, issue_key, keyed_chat
+from tests.support.gateway import SYSTEM, TOKENIZER, metric_value
 from tests.support.procs import Proc, start_process, wait_for
 from tests.support.sim import sim_env
 
 _HEALTHY = re.compile(r'^llmgw_replica_healthy\{replica="([^"]+)"\} ', re.MULTILINE)
-
-
-Post = Callable[[str, dict[str, Any]], tuple[int, Any]]
-
-
-def issue_key(post: Post, name: str = "load", *, first: bool = True) -> str:
-    """A new API key of the project acme/ml/chat, made (when `first`) through `post` (an admin
-    POST answering (status, JSON))."""
-    for path, body in (("/api/v1/orgs", {"name": "acme"}),
-                       ("/api/v1/teams", {"org": "acme", "name": "ml"}),
-                       ("/api/v1/projects", {"team": "acme/ml", "name": "chat"})) if first else ():
-        status, doc = post(path, body)
-        assert status == 201, (path, status, doc)
-    status, issued = post("/api/v1/keys", {"project": "acme/ml/chat", "name": name})
-    assert status == 201, issued
-    key: str = issued["key"]
-    return key
 
 
 def _gateway(f: Fleet, config: dict[str, Any] | None = None) -> Proc:
@@ -58,45 +39,6 @@ def _routed(gateway: Proc) -> set[str]:
         return set(_HEALTHY.findall(resp.read().decode()))
 
 
-class Load:
-    """Threads sending chat completions through the gateway, one after another, recording
-    (start, end, status, why, request id) of each until stopped."""
-
-    def __init__(self, url: str, key: str, threads: int = 4) -> None:
-        self.url, self.key = url, key
-        self.done: list[tuple[float, float, int, str, str]] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
-        for t in self._threads:
-            t.start()
-
-    def _one(self) -> tuple[int, str, str]:
-        body = b'{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":8}'
-        req = urllib.request.Request(f"{self.url}/v1/chat/completions", body, {
-            "content-type": "application/json", "authorization": f"Bearer {self.key}"})
-        try:
-            with urllib.request.urlopen(req, timeout=15) as resp:
-                resp.read()
-                return int(resp.status), "", resp.headers.get("x-request-id", "")
-        except urllib.error.HTTPError as exc:
-            return (int(exc.code), exc.read().decode(errors="replace")[:300],
-                    exc.headers.get("x-request-id", ""))
-        except OSError as exc:
-            return 0, repr(exc), ""
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            start = time.monotonic()
-            status, why, rid = self._one()
-            self.done.append((start, time.monotonic(), status, why, rid))
-
-    def stop(self) -> list[tuple[float, float, int, str, str]]:
-        self._stop.set()
-        for t in self._threads:
-            t.join(20)
-        return self.done
-
-
 def test_no_request_fails_after_the_gateway_learned_a_node_was_lost(
         fleet_factory: Callable[..., Fleet]) -> None:
     f = fleet_factory(placement_settle=6)
@@ -111,7 +53,7 @@ def test_no_request_fails_after_the_gateway_learned_a_node_was_lost(
         wait_for("the gateway routes to both replicas",
                  lambda: _routed(gateway) == {r["id"] for r in ready})
         key = issue_key(f.post)
-        wait_for("the key known to the gateway", lambda: _chat(gateway.url, key, None) == 404)
+        wait_for("the key known to the gateway", lambda: keyed_chat(gateway.url, key, None) == 404)
         load = Load(gateway.url, key)
         wait_for("requests flowing", lambda: len(load.done) >= 20)
 
@@ -161,13 +103,13 @@ def test_kv_events_of_placed_engines_reach_the_gateway_and_route_a_shared_prefix
         wait_for("the gateway routes to both replicas", lambda: len(_routed(gateway)) == 2)
         key = issue_key(f.post)
         # A new key reaches the gateway with the next snapshot, within a second or so.
-        wait_for("the key known to the gateway", lambda: _chat(gateway.url, key, None) == 404)
+        wait_for("the key known to the gateway", lambda: keyed_chat(gateway.url, key, None) == 404)
         turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "first"}]
-        assert _chat(gateway.url, key, turn1) == 200
+        assert keyed_chat(gateway.url, key, turn1) == 200
         wait_for("the first request's blocks in the gateway's KV index",
                  lambda: _metric(gateway, "llmgw_kv_index_blocks") > 0, timeout=10)
         turn2 = [*turn1, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
-        assert _chat(gateway.url, key, turn2) == 200
+        assert keyed_chat(gateway.url, key, turn2) == 200
         hits = _metric(gateway, "llmgw_routing_decisions_total", model="sim-model", policy="kv",
                        kind="cache_hit")
     finally:
@@ -178,19 +120,3 @@ def test_kv_events_of_placed_engines_reach_the_gateway_and_route_a_shared_prefix
 def _metric(gateway: Proc, name: str, **labels: str) -> float:
     with urllib.request.urlopen(f"{gateway.url}/metrics", timeout=5) as resp:
         return metric_value(resp.read().decode(), name, **labels)
-
-
-def _chat(url: str, key: str, messages: list[dict[str, str]] | None) -> int:
-    """A chat completion's status; with no messages, one for a model nobody serves (404 once
-    the key is known, 401 before)."""
-    model, msgs = ("sim-model", messages) if messages else ("no-such-model", [])
-    body = json.dumps({"model": model, "messages": msgs, "max_tokens": 2}).encode()
-    req = urllib.request.Request(f"{url}/v1/chat/completions", body, {
-        "content-type": "application/json", "authorization": f"Bearer {key}"})
-    try:
-        with urllib.request.urlopen(req, timeout=15) as resp:
-            resp.read()
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        exc.close()  # its connection, else a ResourceWarning when collected
-        return int(exc.code)

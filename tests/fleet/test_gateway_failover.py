@@ -13,16 +13,13 @@ import time
 from typing import Any
 
 from llmgw.store import connect
-from tests.fleet.test_failover import TAKEOVER_SLACK, TTL, Pair, get, pair
-from tests.fleet.test_fleet_gateway import Load, Post, _chat, issue_key
 from tests.support.cluster import GATEWAY_READY
 from tests.support.control_plane import Server
+from tests.support.fleet import TAKEOVER_SLACK, TTL, Load, Pair, Post, get, issue_key, keyed_chat
 from tests.support.gateway import start_sim
 from tests.support.procs import start_process, wait_for
 from tests.support.sim import sim_env
 from tests.support.usage import stored_finals
-
-__all__ = ["pair"]  # the fixture, used by name
 
 
 def _rows(store: str) -> dict[str, int]:
@@ -61,7 +58,7 @@ def test_a_gateway_moves_to_the_new_leader_and_loses_no_usage(pair: Pair) -> Non
              str(pair.data_dir)], GATEWAY_READY, timeout=30, env=sim_env())
         with gateway:
             key = issue_key(poster(a))
-            wait_for("the key known to the gateway", lambda: _chat(gateway.url, key, None) == 404)
+            wait_for("the key known to the gateway", lambda: keyed_chat(gateway.url, key, None) == 404)
             load = Load(gateway.url, key)
             wait_for("requests flowing", lambda: len(load.done) >= 20)
 
@@ -75,9 +72,9 @@ def test_a_gateway_moves_to_the_new_leader_and_loses_no_usage(pair: Pair) -> Non
             key2 = issue_key(poster(b), "after", first=False)
             issued = time.monotonic()
             wait_for("the new key known to the gateway",
-                     lambda: _chat(gateway.url, key2, None) == 404, timeout=5)
+                     lambda: keyed_chat(gateway.url, key2, None) == 404, timeout=5)
             known = time.monotonic()
-            assert _chat(gateway.url, key2, [{"role": "user", "content": "hi"}]) == 200
+            assert keyed_chat(gateway.url, key2, [{"role": "user", "content": "hi"}]) == 200
             n_after = len(load.done)
             wait_for("the first key still answered after the failover",
                      lambda: [d for d in load.done[n_after:] if d[2] == 200], timeout=10)

@@ -13,9 +13,7 @@ import socket
 import threading
 from urllib.parse import urlsplit
 
-from tests.support.gateway import Gateway
-
-from .test_errors import post
+from tests.support.gateway import Gateway, post
 
 
 def test_upstream_urls_in_a_request_are_never_connected_to(gateway: Gateway) -> None:

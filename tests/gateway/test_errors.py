@@ -8,23 +8,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.support.gateway import Gateway
+from tests.support.gateway import Gateway, post
 from tests.support.procs import Proc
-
-
-def post(
-    gw: Gateway, path: str, body: bytes, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], Any]:
-    u = urlsplit(gw.url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=20)
-    conn.request(
-        "POST", path, body=body, headers={"content-type": "application/json", **(headers or {})}
-    )
-    r = conn.getresponse()
-    data = r.read()
-    conn.close()
-    return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(data) if data else None
-
 
 CHAT = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}).encode()
 

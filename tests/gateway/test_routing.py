@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import openai
 
-from tests.support.gateway import Gateway, start_sim
+from tests.support.gateway import SYSTEM, TOKENIZER, Gateway, start_sim
 from tests.support.procs import Proc, free_port
-
-SYSTEM = "You are a careful assistant. " * 40
 
 
 def test_prefix_mode_follows_the_conversation(gateway_factory: Callable[..., Gateway]) -> None:
@@ -44,9 +41,6 @@ def test_bad_routing_setting_is_refused_at_start(gateway_factory: Callable[..., 
     assert r.returncode == 2
     assert r.stderr.startswith("error: gateway.routing.m: ")
     assert "policy" in r.stderr
-
-
-TOKENIZER = str(Path(__file__).resolve().parents[2] / "rust" / "tests" / "fixtures" / "tiny-bpe")
 
 
 def kv_sim(tokenizer: str) -> tuple[Proc, str, str]:

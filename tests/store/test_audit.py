@@ -12,9 +12,7 @@ from llmgw.store import tenancy as t
 from llmgw.store.errors import Invalid, Taken
 from llmgw.store.removals import delete_user, remove_member
 from llmgw.store.users import add_member, create_user, update_user
-from tests.support.store import with_db
-
-from .test_keys import HASH_KEY
+from tests.support.store import HASH_KEY, with_db
 
 
 def test_every_change_is_recorded_with_before_and_after(store_url: str) -> None:

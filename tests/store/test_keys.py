@@ -10,7 +10,7 @@ import pytest
 
 from llmgw.protocol import wire
 from llmgw.protocol.wire import Limits
-from llmgw.secrets.keys import derive, key_hash
+from llmgw.secrets.keys import key_hash
 from llmgw.store import Database, audit
 from llmgw.store import keys as k
 from llmgw.store import tenancy as t
@@ -19,10 +19,9 @@ from llmgw.store.removals import delete_user, remove_member
 from llmgw.store.snapshot import build_snapshot, snapshot_version, touch_keys
 from llmgw.store.usage import ingest
 from llmgw.store.users import add_member, create_user
-from tests.support.store import with_db
+from tests.support.store import HASH_KEY, with_db
 
 A = "admin"
-HASH_KEY = derive(b"s" * 32, "llmgw api-key hash v1")
 DAY = 86400.0
 
 

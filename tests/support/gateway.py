@@ -1,18 +1,25 @@
-"""Simulator and gateway processes for the gateway's end-to-end tests, and reading what a
-gateway wrote: its usage log and its /metrics."""
+"""Simulator and gateway processes for the gateway's end-to-end tests, calling a gateway, and
+reading what it wrote: its usage log and its /metrics."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from tests.support.procs import Proc, start_process
 
 SIM_READY = "llmgw-sim listening on"
 GATEWAY_READY = "llmgw gateway listening on"
+
+SYSTEM = "You are a careful assistant. " * 40
+"""A system prompt long enough that conversations sharing it share whole KV blocks."""
+TOKENIZER = str(Path(__file__).resolve().parents[2] / "rust" / "tests" / "fixtures" / "tiny-bpe")
+"""A small tokenizer the simulator and the router both read (`--tokenizer`, `tokenizer:`)."""
 
 
 def start_sim(*args: str) -> Proc:
@@ -66,3 +73,18 @@ def metric_value(text: str, name: str, **labels: str) -> float:
             total += float(value)
             found = True
     return total if found else 0.0
+
+
+def post(
+    gw: Gateway, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], Any]:
+    """POST `body` to the gateway's `path`: its status, its headers (lower-cased), its JSON."""
+    u = urlsplit(gw.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=20)
+    conn.request(
+        "POST", path, body=body, headers={"content-type": "application/json", **(headers or {})}
+    )
+    r = conn.getresponse()
+    data = r.read()
+    conn.close()
+    return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(data) if data else None

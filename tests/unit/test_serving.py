@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from llmgw.net import serving
 from llmgw.net.serving import YOUNG_COLLECTION_EVERY, announce_when_listening, bind_port
 
 
@@ -53,6 +54,7 @@ def test_port_0_is_one_port_held_by_the_process_that_its_listeners_join() -> Non
             with socket.create_connection(("127.0.0.1", port), timeout=5):
                 conn, _ = listener.accept()
                 conn.close()
+    serving._HELD.pop().close()  # a server holds it until it exits; this test process goes on
 
 
 def test_a_gateway_worker_freezes_its_startup_heap_and_collects_young_objects_less_often() -> None:
