@@ -3,8 +3,10 @@
 `start_process` runs a command in its own session (process group), waits
 until a line of its merged stdout/stderr contains `ready_line`, and returns a
 `Proc`. Leaving the `with` block (or calling `kill()`) stops the whole group,
-so server workers forked by the child (granian) go too. The bench starts its
-servers with the same `spawn` and `free_port` (bench/procs.py).
+so server workers forked by the child (granian) go too. llmgw's servers are started on
+`--port 0` and report the port they bound in that line; `free_port` is left for the ports
+a process is told rather than asked for (an agent's engine port range, the control plane's
+agent port, KV event endpoints) and for the bench (bench/procs.py, with the same `spawn`).
 
 `wait_for` (and `wait_for_async` in an event loop), `killpg` and `chat` are the one poll,
 kill and chat-completion helpers of the tests: a test waits on the condition it needs,
