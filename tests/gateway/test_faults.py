@@ -17,22 +17,13 @@ import pytest
 from bench.procs import group_pids
 
 from tests.support.gateway import Gateway, http_get, metric_value, start_sim
-from tests.support.procs import Proc
+from tests.support.procs import Proc, wait_for
 
 MSG = [{"role": "user", "content": "write a long story"}]
 
 
 def client(gw: Gateway) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=20)
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
 
 
 def test_replica_killed_mid_stream(gateway_factory: Callable[..., Gateway]) -> None:
@@ -123,11 +114,13 @@ def test_client_disconnect_mid_stream_cancels_upstream(
                 break
         stream.close()
         t0 = time.monotonic()
-        assert wait_for(
+        wait_for(
+            "the simulator to see the request aborted",
             lambda: (
                 metric_value(http_get(sim.url + "/metrics"), "llmgw_sim_requests_aborted_total")
                 == 1
-            )
+            ),
+            5, every=0.05,
         )
         assert time.monotonic() - t0 < 1.0, (
             "the upstream request outlived the client by over a second"
@@ -151,10 +144,12 @@ def test_client_disconnect_while_waiting_cancels_upstream(gateway: Gateway, sim:
     with pytest.raises(TimeoutError):
         conn.getresponse()
     conn.close()
-    assert wait_for(
+    wait_for(
+        "the simulator to see the request aborted",
         lambda: (
             metric_value(http_get(sim.url + "/metrics"), "llmgw_sim_requests_aborted_total") == 1
-        )
+        ),
+        5, every=0.05,
     )
     rec = gateway.usage(1)[0]
     assert rec["status"] == "cancelled" and rec["http_status"] == 499
@@ -194,11 +189,13 @@ def test_active_probes_follow_replica_health(gateway_factory: Callable[..., Gate
         )
         assert json.loads(http_get(gw.url + "/ready"))["healthy_replicas"] == 2
         a.kill()
-        assert wait_for(lambda: gw.metric("llmgw_replica_healthy", replica="a") == 0)
+        wait_for("replica a marked unhealthy",
+                 lambda: gw.metric("llmgw_replica_healthy", replica="a") == 0, 5, every=0.05)
         r = client(gw).chat.completions.create(model="m", messages=MSG, max_tokens=1)
         assert r.choices
         b.kill()
-        assert wait_for(lambda: gw.metric("llmgw_replica_healthy", replica="b") == 0)
+        wait_for("replica b marked unhealthy",
+                 lambda: gw.metric("llmgw_replica_healthy", replica="b") == 0, 5, every=0.05)
         u = urlsplit(gw.url)
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
         conn.request("GET", "/ready")

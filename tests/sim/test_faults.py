@@ -6,12 +6,11 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable
 
 import openai
 import pytest
 
-from tests.support.procs import Proc
+from tests.support.procs import Proc, wait_for
 from tests.support.sim import StartSim, client_for, metric
 
 MSGS: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
@@ -21,15 +20,6 @@ RUNNING = "vllm:num_requests_running"
 
 def fault(value: str) -> dict[str, str]:
     return {"x-sim-fault": value}
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10) -> None:
-    """Poll `cond` until it is true; fail the test if it never is."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not met in time")
-        time.sleep(0.02)
 
 
 def open_request(proc: Proc, path: str, body: object, headers: dict[str, str]) -> socket.socket:
@@ -143,9 +133,10 @@ def test_hang_then_disconnect_counts_abort(sim: Proc) -> None:
     aborted = metric(sim, ABORTED)
     sock = open_request(sim, "/v1/chat/completions", {"model": "sim-model", "messages": MSGS},
                         fault("hang"))  # fmt: skip
-    wait_for(lambda: metric(sim, RUNNING) == 1)
+    wait_for("the request running", lambda: metric(sim, RUNNING) == 1, 10, every=0.02)
     sock.close()
-    wait_for(lambda: metric(sim, ABORTED) == aborted + 1 and metric(sim, RUNNING) == 0)
+    wait_for("the request aborted", lambda: metric(sim, ABORTED) == aborted + 1
+             and metric(sim, RUNNING) == 0, 10, every=0.02)
 
 
 def test_hang_after_streams_n_tokens_then_stalls(sim: Proc) -> None:
@@ -157,7 +148,8 @@ def test_hang_after_streams_n_tokens_then_stalls(sim: Proc) -> None:
         sock.recv(65536)  # nothing more comes
     assert data.count(b'"content":" ') == 2
     sock.close()
-    wait_for(lambda: metric(sim, ABORTED) == aborted + 1 and metric(sim, RUNNING) == 0)
+    wait_for("the request aborted", lambda: metric(sim, ABORTED) == aborted + 1
+             and metric(sim, RUNNING) == 0, 10, every=0.02)
 
 
 def test_slow_sets_inter_token_latency(sim: Proc) -> None:
@@ -176,7 +168,8 @@ def test_disconnect_during_itl_sleep_aborts(start_sim: StartSim) -> None:
     read_until(sock, b"data: ", 1)
     assert metric(proc, RUNNING) == 1
     sock.close()
-    wait_for(lambda: metric(proc, ABORTED) == 1 and metric(proc, RUNNING) == 0, timeout=3)
+    wait_for("the request aborted",
+             lambda: metric(proc, ABORTED) == 1 and metric(proc, RUNNING) == 0, 3, every=0.02)
     assert metric(proc, "vllm:request_success_total", finished_reason="abort") == 1
     assert metric(proc, "vllm:generation_tokens_total") < 5
 
@@ -193,7 +186,8 @@ def test_requests_over_max_num_seqs_wait(start_sim: StartSim) -> None:
     threads = [threading.Thread(target=one) for _ in range(2)]
     for t in threads:
         t.start()
-    wait_for(lambda: metric(proc, "vllm:num_requests_waiting") == 1)
+    wait_for("a request waiting", lambda: metric(proc, "vllm:num_requests_waiting") == 1, 10,
+             every=0.02)
     assert metric(proc, RUNNING) == 1
     for t in threads:
         t.join(10)

@@ -212,15 +212,15 @@ def start_process(
     return proc
 
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 20.0) -> T:
-    """`fn()`'s first truthy answer, asked every 0.1 s; fails naming `what` after `timeout`."""
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 20.0, every: float = 0.1) -> T:
+    """`fn()`'s first truthy answer, asked every `every` s; fails naming `what` after `timeout`."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
         last = fn()
         if last:
             return last
-        time.sleep(0.1)
+        time.sleep(every)
     raise AssertionError(f"not within {timeout}s: {what} (last: {last!r})")
 
 
