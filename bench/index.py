@@ -56,8 +56,8 @@ def figures_and_checks(raw: dict[str, Any]) -> tuple[dict[str, float | None], li
     The bench times three kinds of 8k-token lookup; each is checked, since a
     gateway's prompts are of all three kinds. Each is timed on 64 prompts whose token ids
     are in cache, as they are right after tokenization; the streamed figure (the
-    all-replicas lookups over 800 prompts read from memory) is reported beside them. Bytes per block is the worst of the fills
-    measured.
+    all-replicas lookups over 800 prompts read from memory) is reported beside them. Bytes
+    per block is the worst of the fills measured.
     """
 
     def num(k: str) -> float | None:

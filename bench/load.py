@@ -13,6 +13,7 @@ have `timeout` seconds to finish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import sys
@@ -285,10 +286,8 @@ async def run_load(spec: LoadSpec, progress: bool = False, warmup: int = 0) -> L
         await asyncio.gather(*(_one(warm, p, head, body) for p in pools), return_exceptions=True)
     for p in pools:
         if not p.idle:
-            try:
+            with contextlib.suppress(UpstreamError):  # counted when the worker tries again
                 p.put(await p.get(spec.timeout))
-            except UpstreamError:
-                pass  # counted when the worker tries again
     run = _Run(spec)
     run.start = time.perf_counter()
     run.end = run.start + spec.duration if spec.duration else math.inf

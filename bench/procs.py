@@ -9,6 +9,7 @@ Starting one (`spawn`) and picking a port (`free_port`) are the tests' own
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -76,19 +77,15 @@ class Server:
     def stop(self, timeout: float = 10) -> None:
         """SIGTERM the group, then SIGKILL whatever is left; always reaps the child."""
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
             try:
                 self.popen.wait(wait)
             except subprocess.TimeoutExpired:
                 continue
             if sig == signal.SIGTERM:
-                try:  # workers that outlived the main process
+                with contextlib.suppress(ProcessLookupError):  # workers that outlived the main
                     os.killpg(self.popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             return
 
 
@@ -130,10 +127,8 @@ def pin_group(pgid: int, cpus: set[int]) -> None:
         except OSError:
             continue  # a process that just ended
         for tid in tids:
-            try:
+            with contextlib.suppress(OSError):  # a thread that just ended
                 os.sched_setaffinity(tid, cpus)
-            except OSError:
-                pass  # a thread that just ended
 
 
 def rss_bytes(pids: list[int]) -> int:
@@ -209,10 +204,8 @@ def thread_cpu(pids: list[int]) -> dict[int, int]:
     """Thread id -> nanoseconds it has run so far (schedstat), over every thread of pids."""
     out: dict[int, int] = {}
     for pid, tid in _tasks(pids):
-        try:
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that just ended
             out[tid] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass  # a thread that just ended
     return out
 
 

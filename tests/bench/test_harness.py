@@ -85,7 +85,7 @@ def test_void_rule() -> None:
     void, why = void_check(bad)
     assert void and "c=32" in why
     # one valid level does not rescue another
-    void, why = void_check(ok + [_row(DIRECT, 1, 100), _row("llmgw", 1, 50)])
+    void, why = void_check([*ok, _row(DIRECT, 1, 100), _row("llmgw", 1, 50)])
     assert void and "c=1" in why and "c=32" not in why
     assert void_check([_row("llmgw", 1, 50)])[0]  # no direct figure: cannot be valid
     # a target that answered nothing but errors (a broken build) voids its level
