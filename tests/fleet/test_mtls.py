@@ -78,10 +78,10 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     data = tmp_path / "data"
     done = llmgw("server", "init", "--data-dir", str(data))
     assert done.returncode == 0, done.stderr
-    agent_port, join_port = free_port(), free_port()
-    server = start_server(tmp_path, config={"control_plane": {
-        "agent_port": agent_port, "agent_join_port": join_port, **FAST}}, env=sim_env())
-    c = Cluster(tmp_path, server, agent_port, join_port, [])
+    # Port 0: the server picks both its agent port and its join port, and names them.
+    server = start_server(tmp_path, config={"control_plane": {"agent_port": 0, **FAST}},
+                          env=sim_env())
+    c = Cluster(tmp_path, server, server.agent_port, server.join_port, [])
     yield c
     for a in c.agents:
         a.terminate()

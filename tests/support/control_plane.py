@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,22 @@ class Server:
     url: str
     data_dir: Path
     admin_token: str
+
+    @property
+    def agent_port(self) -> int:
+        """The agent service's port, as the ready line names it (one picked for agent_port 0)."""
+        return self._port("agents connect on")
+
+    @property
+    def join_port(self) -> int:
+        """The join port (mutual TLS), as the ready line names it."""
+        return self._port("join on")
+
+    def _port(self, said: str) -> int:
+        ready = next(line for line in self.proc.lines if READY in line)
+        m = re.search(re.escape(said) + r" \S+:(\d+)", ready)
+        assert m, f"the ready line names no port after {said!r}: {ready!r}"
+        return int(m.group(1))
 
     @property
     def gateway_token(self) -> str:

@@ -35,16 +35,16 @@ FAST = {"reconcile_every": 0.2, "heartbeat_interval": 0.25, "unreachable_after":
 
 
 class Fleet:
-    """`llmgw server` on a free admin port and agent port, and the agents started against it."""
+    """`llmgw server` on an admin port and an agent port it picks and names, and the agents
+    started against it."""
 
     def __init__(self, tmp: Path, models: list[dict[str, Any]], **settings: Any) -> None:
         self.tmp = tmp
-        self.agent_port = free_port()
         self.server = start_server(tmp, config={
-            "control_plane": {"agent_insecure": True, "agent_port": self.agent_port, **FAST,
-                              **settings},
+            "control_plane": {"agent_insecure": True, "agent_port": 0, **FAST, **settings},
             "models": models,
         }, env=sim_env())
+        self.agent_port = self.server.agent_port
         self.agents: dict[str, Proc] = {}
 
     def agent(self, node_id: str, gpus: str = "2xH100-80GB") -> Proc:
@@ -134,10 +134,9 @@ class Pair:
 
     def server(self, name: str, models: list[dict[str, Any]] | None = None) -> Server:
         """`llmgw server` with its own admin and agent ports (and `SIM_MODEL` unless `models`)."""
-        agent_port = free_port()
         cfg = self.tmp / f"{name}.yaml"
-        cfg.write_text(json.dumps({"control_plane": {"agent_insecure": True,
-                                                     "agent_port": agent_port, **HA},
+        cfg.write_text(json.dumps({"control_plane": {"agent_insecure": True, "agent_port": 0,
+                                                     **HA},
                                    "models": [SIM_MODEL] if models is None else models}))
         # Each server's connections carry its name, so a test can tell whose writes it sees.
         store = f"{self.store}?application_name=llmgw-{name}"
@@ -148,7 +147,7 @@ class Pair:
         srv = Server(proc, proc.url, self.data_dir,
                      (self.data_dir / "admin-token").read_text().strip())
         self.servers.append(srv)
-        self.agent_ports.append(agent_port)
+        self.agent_ports.append(srv.agent_port)
         return srv
 
     def agent(self, node_id: str, control_planes: list[int]) -> Proc:

@@ -9,11 +9,16 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+import msgspec
 
 from llmgw.config import ConfigError
 from llmgw.net.serving import bind_port, serve_app
 from llmgw.secrets.datadir import DataDirError
+
+if TYPE_CHECKING:
+    from llmgw.control.settings import Settings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,11 +40,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "the whole file is checked, as by `llmgw config check`)")
 
 
-def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
+def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None, str]:
     """Validates everything, creates the data dir's files, takes the SQLite store's lock,
     migrates, and puts the process under `cpu_scheduling` (before granian forks the worker,
-    which inherits it); returns the worker's config and the lock's file (held while it is
-    open)."""
+    which inherits it); returns the worker's config, the lock's file (held while it is
+    open) and the ready line."""
     from llmgw.config.file import load_or_defaults
     from llmgw.control.catalog import Catalog
     from llmgw.control.settings import ServerConfig, default_data_dir, encode_config
@@ -56,9 +61,10 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
     datadir.prepare(data_dir)
     store = args.store or f"sqlite:///{data_dir / 'llmgw.db'}"
     lock = _lock_sqlite(store, data_dir)  # first: a second server says only why it cannot run
-    _check_free(settings.agent_host, settings.agent_port, "agent_port")
+    settings, held = _agent_ports(settings)
+    agents = f"; agents connect on {settings.agent_host}:{settings.agent_port}"
     if not settings.agent_insecure:
-        _check_free(settings.agent_host, settings.join_port, "agent_join_port")
+        agents += f", join on {settings.agent_host}:{settings.join_port}"
         from llmgw.control.pki import Authority, PkiError
 
         try:
@@ -67,6 +73,7 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
             # A warning, not a refusal: the admin API and the gateways' control work
             # without agents, and the agent port opens at the next start after init.
             print(f"warning: the agent port stays closed: {e}", file=sys.stderr)
+            agents = ""
 
     async def migrate_once() -> None:
         # Here, in the parent, so that a store that cannot be reached or migrated
@@ -81,8 +88,33 @@ def _prepare(args: argparse.Namespace) -> tuple[str, IO[str] | None]:
     _schedule(settings.cpu_scheduling)
     args.port = bind_port(args.host, args.port)  # --port 0: the one it got, in config and ready line
     cfg = ServerConfig(data_dir=str(data_dir), store=store, host=args.host, port=args.port,
-                       settings=settings, models=models)
-    return encode_config(cfg), lock
+                       settings=settings, models=models, agent_ports_held=held)
+    return (encode_config(cfg), lock,
+            f"llmgw control plane listening on http://{args.host}:{args.port}{agents}")
+
+
+def _agent_ports(settings: Settings) -> tuple[Settings, bool]:
+    """`settings` with the agent service's ports in use, and whether this process picked them.
+
+    A port given is checked free (`_check_free`). For agent_port 0 the kernel picks the
+    agent port, and the join port too unless agent_join_port names one: `bind_port` holds
+    each for this process's life (SO_REUSEPORT, never listening), the worker's gRPC server
+    binds beside it (`ServerConfig.agent_ports_held`), and the ready line names both, as
+    granian's listeners join the admin port of `--port 0`. Tests start servers so.
+    """
+    host, mtls = settings.agent_host, not settings.agent_insecure
+    if settings.agent_port:
+        _check_free(host, settings.agent_port, "agent_port")
+        if mtls:
+            _check_free(host, settings.join_port, "agent_join_port")
+        return settings, False
+    join = settings.agent_join_port
+    if mtls and join:
+        _check_free(host, join, "agent_join_port")
+    elif mtls:
+        join = bind_port(host, 0)
+    picked = msgspec.structs.replace(settings, agent_port=bind_port(host, 0), agent_join_port=join)
+    return picked, True
 
 
 def _schedule(policy: str) -> None:
@@ -163,14 +195,13 @@ def run(args: argparse.Namespace) -> int:
     # and audit rows: owner-only, like the secret beside it.
     os.umask(0o077)
     try:
-        encoded, lock = _prepare(args)
+        encoded, lock, ready = _prepare(args)
     except (ConfigError, DataDirError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.environ[CONFIG_ENV] = encoded
     # Exactly one worker: the control plane's state (snapshots, leases) lives in it.
-    serve_app("llmgw.control.server:create_app", args.host, args.port,
-              f"llmgw control plane listening on http://{args.host}:{args.port}",
+    serve_app("llmgw.control.server:create_app", args.host, args.port, ready,
               http1_settings=HTTP1Settings(
                   header_read_timeout=int(decode_config(encoded).settings.admin_header_timeout * 1000)))
     if lock is not None:

@@ -280,8 +280,11 @@ class AgentService(AgentServiceServicer):
             log.exception("the stream of node %s failed", node)
 
 
-def _server() -> grpc.aio.Server:
-    return grpc.aio.server(options=[("grpc.so_reuseport", 0),
+def _server(ports_held: bool = False) -> grpc.aio.Server:
+    """SO_REUSEPORT off, so that a second control plane cannot share the port, except where
+    `llmgw server` picked the ports and holds them bound (`ports_held`): its sockets listen
+    nowhere, and this server must set the option to bind beside them."""
+    return grpc.aio.server(options=[("grpc.so_reuseport", int(ports_held)),
                                     ("grpc.keepalive_permit_without_calls", 1),
                                     ("grpc.http2.min_ping_interval_without_data_ms", 5000)])
 
@@ -298,14 +301,14 @@ def _listen(server: grpc.aio.Server, address: str, creds: grpc.ServerCredentials
 
 
 async def serve(cp: Any, settings: Settings, data_dir: Path | None = None,
-                join_hash_key: bytes = b"") -> grpc.aio.Server | None:
+                join_hash_key: bytes = b"", ports_held: bool = False) -> grpc.aio.Server | None:
     """Starts the agent service for control plane `cp`, or says why it does not and returns
-    None."""
+    None. `ports_held`: `llmgw server` picked the ports and holds them (`_server`)."""
     address = f"{settings.agent_host}:{settings.agent_port}"
     if settings.agent_insecure:
         if not is_loopback(settings.agent_host):  # Settings refuses this at load too
             raise RuntimeError(f"agent_insecure is allowed only on loopback, not {settings.agent_host}")
-        server = _server()
+        server = _server(ports_held)
         add_AgentServiceServicer_to_server(AgentService(cp), server)
         _listen(server, address, None, "agent_port")
         await server.start()
@@ -319,7 +322,7 @@ async def serve(cp: Any, settings: Settings, data_dir: Path | None = None,
         log.info("the agent port is closed: %s", e)  # `llmgw server` warned at start
         return None
     pair = [(authority.server_key_pem, authority.server_cert_pem)]
-    server = _server()
+    server = _server(ports_held)
     add_AgentServiceServicer_to_server(AgentService(cp, authority, join_hash_key), server)
     join = f"{settings.agent_host}:{settings.join_port}"
     _listen(server, address, grpc.ssl_server_credentials(pair, authority.ca_pem, True), "agent_port")

@@ -146,8 +146,8 @@ class ControlPlane:
             task.add_done_callback(self._task_done)  # a crash is logged
             self._base.append(task)
         # After the first round, so that an agent's first stream finds the role decided.
-        self._agent_server = await agents.serve(self, s, self.data_dir,
-                                                self.join_hash_key)
+        self._agent_server = await agents.serve(self, s, self.data_dir, self.join_hash_key,
+                                                self.config.agent_ports_held)
 
     async def _attach(self) -> None:
         for name in ATTACH:

@@ -62,10 +62,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # -- the fleet: agents, placement, replicas ------------------------------------------
     agent_host: str = "127.0.0.1"
     """Where the agent service listens (gRPC; `llmgw agent --control-plane HOST:PORT`)."""
-    agent_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8082
+    agent_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8082
+    """0: a free port the kernel picks; `llmgw server`'s ready line names it."""
     agent_join_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
     """Where agents with a join token get their certificate (TLS without client
-    certificates, `Join` only); 0: agent_port + 1."""
+    certificates, `Join` only); 0: agent_port + 1, or a picked one where agent_port is 0."""
     agent_insecure: bool = False
     """Plaintext agent streams, allowed only on a loopback `agent_host`. Without it the agent
     port is mutual TLS with the CA of `llmgw server init`; without that CA the agent port
@@ -96,8 +97,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     @property
     def join_port(self) -> int:
-        """The join port in use (`agent_join_port`, or the agent port + 1)."""
-        return self.agent_join_port or self.agent_port + 1
+        """The join port in use (`agent_join_port`, or the agent port + 1; 0 while both are 0,
+        until `llmgw server` picks them)."""
+        return self.agent_join_port or (self.agent_port + 1 if self.agent_port else 0)
 
     def __post_init__(self) -> None:
         if self.lost_after <= self.unreachable_after:
@@ -107,7 +109,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise ValueError(f"heartbeat_interval ({self.heartbeat_interval:g} s) must be shorter "
                              f"than unreachable_after ({self.unreachable_after:g} s), or every "
                              "node would be unreachable between two heartbeats")
-        if not self.agent_insecure and self.join_port in (self.agent_port, 65536):
+        join = self.join_port
+        if not self.agent_insecure and join and join in (self.agent_port, 65536):
             raise ValueError(f"agent_join_port ({self.join_port}) must be a port (1-65535) other "
                              f"than agent_port ({self.agent_port}): it serves TLS without client "
                              "certificates, the agent port requires them")
@@ -127,6 +130,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     settings: Settings = msgspec.field(default_factory=Settings)
     models: list[Model] = msgspec.field(default_factory=list)
     """The `models:` of server.yaml, validated (models added at runtime are in the store)."""
+    agent_ports_held: bool = False
+    """Whether `llmgw server` picked the agent service's ports (agent_port 0) and holds them
+    bound with SO_REUSEPORT: the worker's gRPC server then binds them with it too, to join."""
 
 
 def default_data_dir() -> Path:
