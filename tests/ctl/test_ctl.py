@@ -22,7 +22,7 @@ from llmgw.admin.table import ROUTES
 from llmgw.cli.ctl.commands import COMMANDS
 from llmgw.cli.main import main
 from tests.support.control_plane import Server
-from tests.support.procs import free_port, start_process
+from tests.support.procs import refused_port, start_process
 
 
 def ctl(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -107,8 +107,9 @@ def test_audit_and_usage_take_since_as_a_duration_or_a_date(server: Server, caps
 
 
 def test_unreachable_server_is_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
-    port = free_port()
-    code, out, err = ctl(capsys, "--server", f"http://127.0.0.1:{port}", "--token", "t", "orgs", "list")
+    with refused_port() as port:
+        code, out, err = ctl(capsys, "--server", f"http://127.0.0.1:{port}", "--token", "t",
+                             "orgs", "list")
     assert (code, out, err.replace(str(port), "PORT")) == snapshot((3, "", (
         "error: cannot reach the control plane at http://127.0.0.1:PORT (connection "
         "refused); start it with `llmgw server` on that machine (it listens on "
@@ -132,11 +133,11 @@ def test_wrong_token_is_exit_4(server: Server, capsys: pytest.CaptureFixture[str
 
 def test_a_gateway_given_as_server_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     # The ports differ by one (8080, 8081): a real gateway answers /api/v1 with its 404.
-    port = free_port()
     args = [sys.executable, "-m", "llmgw", "gateway", "--endpoint", "sim=http://127.0.0.1:9=sim-model",
-            "--port", str(port)]
-    with start_process(args, "llmgw gateway listening on"):
-        code, out, err = ctl(capsys, "--server", f"http://127.0.0.1:{port}", "--token", "t", "orgs", "list")
+            "--port", "0"]
+    with start_process(args, "llmgw gateway listening on") as gateway:
+        port = gateway.port
+        code, out, err = ctl(capsys, "--server", gateway.url, "--token", "t", "orgs", "list")
     assert (code, out, err.replace(str(port), "PORT")) == snapshot((1, "", (
         "error: no route GET /api/v1/orgs; the OpenAI API is served under /v1 [not_found]\n"
         "hint: http://127.0.0.1:PORT answered like an OpenAI endpoint (a gateway?), not a "
