@@ -8,7 +8,8 @@ from collections.abc import Callable
 import openai
 
 from tests.support.gateway import SYSTEM, TOKENIZER, Gateway, start_sim
-from tests.support.procs import Proc, free_port
+from tests.support.procs import Proc
+from tests.support.sim import KV_ANY, kv_endpoints
 
 
 def test_prefix_mode_follows_the_conversation(gateway_factory: Callable[..., Gateway]) -> None:
@@ -44,10 +45,9 @@ def test_bad_routing_setting_is_refused_at_start(gateway_factory: Callable[..., 
 
 
 def kv_sim(tokenizer: str) -> tuple[Proc, str, str]:
-    pub, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    proc = start_sim("--model", "m", "--tokenizer", tokenizer, "--kv-events-endpoint", pub,
-                     "--kv-replay-endpoint", rep)
-    return proc, pub, rep
+    proc = start_sim("--model", "m", "--tokenizer", tokenizer, "--kv-events-endpoint", KV_ANY,
+                     "--kv-replay-endpoint", KV_ANY)
+    return (proc, *kv_endpoints(proc))
 
 
 def test_kv_mode_routes_a_shared_prefix_to_the_replica_that_holds_it(

@@ -11,19 +11,20 @@ import openai
 import pytest
 import zmq
 
-from tests.support.procs import Proc, free_port, start_process
+from tests.support.procs import Proc, start_process
+from tests.support.sim import KV_ANY, kv_endpoints
 
 END = (-1).to_bytes(8, "big", signed=True)
 LONG = " ".join(f"w{i}" for i in range(40))  # 2 full blocks of 16 plus the chat roles
 
 
 def start(encoding: str, topic_frame: bool) -> tuple[Proc, str, str]:
-    pub, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    args = [sys.executable, "-m", "llmgw.engines.sim", "--port", "0", "--kv-events-endpoint", pub,
-            "--kv-replay-endpoint", rep, "--kv-events-encoding", encoding]
+    args = [sys.executable, "-m", "llmgw.engines.sim", "--port", "0", "--kv-events-endpoint",
+            KV_ANY, "--kv-replay-endpoint", KV_ANY, "--kv-events-encoding", encoding]
     if not topic_frame:
         args.append("--kv-replay-no-topic")
-    return start_process(args, "llmgw-sim listening on"), pub, rep
+    proc = start_process(args, "llmgw-sim listening on")
+    return (proc, *kv_endpoints(proc))
 
 
 @pytest.fixture

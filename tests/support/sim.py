@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,20 @@ StartSim = Callable[..., Proc]
 
 READY = "llmgw-sim listening on"
 PYTHON_DIR = str(Path(__file__).resolve().parents[2] / "python")
+
+
+KV_ANY = "tcp://127.0.0.1:*"
+"""A KV-event endpoint on a port the simulator's bind picks (`kv_endpoints` reads it)."""
+
+
+def kv_endpoints(proc: Proc) -> tuple[str, str]:
+    """The KV-event and replay endpoints a started simulator bound, from the line it printed."""
+    from llmgw.engines.sim.app import KV_LINE
+
+    line = next(x for x in proc.lines if x.startswith(KV_LINE))
+    m = re.fullmatch(re.escape(KV_LINE) + r" (\S+), replays them on (\S+)", line)
+    assert m, f"no endpoints in {line!r}"
+    return m.group(1), m.group(2)
 
 
 def sim_env() -> dict[str, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
+import sys
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -55,6 +56,8 @@ RESET_FLUSH_S = 0.05
 POST_PATHS = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/embeddings"))
 NOT_FOUND = b'{"detail":"Not Found"}'
 NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
+KV_LINE = "llmgw-sim publishes KV events on"
+"""Starts the line naming the KV-event endpoints bound (tests read the ports from it)."""
 
 
 class SimApp:
@@ -88,17 +91,21 @@ class SimApp:
         self._bearer = f"Bearer {config.api_key}".encode() if config.api_key else None
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Per worker, after granian forked it: open the KV-event sockets."""
+        """Per worker, after granian forked it: open the KV-event sockets, and print where
+        (`KV_LINE`, before the ready line: a worker serves only after this returns), so an
+        endpoint of port `*` is found by the port it got."""
         cfg = self.cfg
         if cfg.kv_events_endpoint:
             from llmgw.engines.sim.kv_zmq import ZmqPublisher
 
-            self.publisher = ZmqPublisher(
+            self.publisher = pub = ZmqPublisher(
                 cfg.kv_events_endpoint, cfg.kv_replay_endpoint, encoding=cfg.kv_events_encoding,
                 replay_topic_frame=cfg.kv_replay_topic_frame,
             )
-            self.cache.attach(self.publisher)
-            self.publisher.start(loop)
+            self.cache.attach(pub)
+            pub.start(loop)
+            replay = f", replays them on {pub.replay_endpoint}" if pub.replay_endpoint else ""
+            os.write(sys.stdout.fileno(), f"{KV_LINE} {pub.endpoint}{replay}\n".encode())
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         """Closes the KV-event sockets."""

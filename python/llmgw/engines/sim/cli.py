@@ -42,9 +42,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--tokenizer", metavar="DIR", default=None,
         help="model directory with tokenizer.json: the cache and KV events use its token ids")  # fmt: skip
     add("--kv-events-endpoint", metavar="ZMQ", default=None,
-        help="publish vLLM KV-cache events here, e.g. tcp://127.0.0.1:5557")  # fmt: skip
+        help="publish vLLM KV-cache events here, e.g. tcp://127.0.0.1:5557 "
+             "(port *: a free one, named at the start)")  # fmt: skip
     add("--kv-replay-endpoint", metavar="ZMQ", default=None,
-        help="answer replay requests here, e.g. tcp://127.0.0.1:5558")  # fmt: skip
+        help="answer replay requests here, e.g. tcp://127.0.0.1:5558 (port *: as above)")  # fmt: skip
     add("--kv-events-encoding", choices=("map", "array"), default=_D.kv_events_encoding,
         help="event encoding: map (current vLLM) or array (older vLLM)")  # fmt: skip
     add("--kv-replay-no-topic", action="store_true",

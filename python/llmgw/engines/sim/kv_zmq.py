@@ -94,10 +94,14 @@ class ZmqPublisher:
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, 100_000)
         self._pub.bind(endpoint)
+        # What was bound: `tcp://HOST:*` (or port 0) is a port the kernel picked.
+        self.endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay: zmq.asyncio.Socket | None = None
+        self.replay_endpoint: str | None = None
         if replay_endpoint:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.bind(replay_endpoint)
+            self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._pending: list[object] = []
         self._seq = 0
