@@ -12,7 +12,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from tests.support.procs import free_port, start_process
+from tests.support.control_plane import up_ports
+from tests.support.procs import start_process
 
 ROOT = Path(__file__).resolve().parents[2]
 UP_READY = "llmgw up: ready"
@@ -54,11 +55,12 @@ def _listening(port: int) -> set[str]:
 
 
 def test_up_as_the_container_runs_it_keeps_admin_and_agent_ports_on_loopback(tmp_path: Path) -> None:
-    gateway, admin, agent = free_port(), free_port(), free_port()
+    # Port 0 each: up and the control plane bind ports the kernel picks and name them.
     args = [sys.executable, "-m", "llmgw.cli.main", "up", "--host", "0.0.0.0", "--engine", "sim",
-            "--port", str(gateway), "--admin-port", str(admin), "--agent-port", str(agent),
+            "--port", "0", "--admin-port", "0", "--agent-port", "0",
             "--data-dir", str(tmp_path / "data")]
     with start_process(args, UP_READY, timeout=90) as up:
+        gateway, (admin, agent) = up.port, up_ports(up.output)
         # 127.0.0.1, ::1, and ::ffff:127.0.0.1 (gRPC's dual-stack sockets)
         loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
         assert _listening(gateway) == {"00000000"}, f"the gateway is open to the network: {shlex.join(args)}"

@@ -24,7 +24,8 @@ import openai
 
 from llmgw.cli.ctl.client import Client
 from llmgw.secrets.datadir import read_admin_token
-from tests.support.procs import free_port, start_process, wait_for
+from tests.support.control_plane import up_ports
+from tests.support.procs import start_process, wait_for
 
 REVOKE_DEADLINE = 2.0
 
@@ -53,11 +54,13 @@ def admin_record(admin: Client, rid: str) -> dict[str, Any] | None:
 
 
 def test_issue_use_account_revoke(tmp_path: Path) -> None:
-    data_dir, port, admin_port = tmp_path / "data", free_port(), free_port()
-    args = [sys.executable, "-m", "llmgw.cli.main", "up", "--port", str(port),
-            "--admin-port", str(admin_port), "--agent-port", str(free_port()), "--data-dir", str(data_dir),
+    data_dir = tmp_path / "data"
+    # Port 0 each: up and the control plane bind ports the kernel picks and name them.
+    args = [sys.executable, "-m", "llmgw.cli.main", "up", "--port", "0", "--admin-port", "0",
+            "--agent-port", "0", "--data-dir", str(data_dir),
             "--engine", "sim", "--ttft-ms", "1", "--itl-ms", "0"]
     with start_process(args, "llmgw up: ready", timeout=60) as up:
+        port, admin_port = up.port, up_ports(up.output)[0]
         m = re.search(r"(sk-llmgw-[A-Za-z0-9_-]{40})", up.output)
         assert m, up.output
         first = m.group(1)

@@ -21,16 +21,19 @@ from pathlib import Path
 import openai
 
 from tests.e2e.test_new_user import ctl
-from tests.support.procs import free_port, start_process
+from tests.support.control_plane import up_ports
+from tests.support.procs import start_process
 
 MODEL = "gemma-3-270m"
 
 
 def test_up_serves_gemma_on_the_cpu(tmp_path: Path) -> None:
-    data_dir, port, admin_port = tmp_path / "data", free_port(), free_port()
-    args = [sys.executable, "-m", "llmgw.cli.main", "up", "--port", str(port), "--admin-port", str(admin_port),
-            "--agent-port", str(free_port()), "--data-dir", str(data_dir)]
+    data_dir = tmp_path / "data"
+    # Port 0 each: up and the control plane bind ports the kernel picks and name them.
+    args = [sys.executable, "-m", "llmgw.cli.main", "up", "--port", "0", "--admin-port", "0",
+            "--agent-port", "0", "--data-dir", str(data_dir)]
     with start_process(args, "llmgw up: ready", timeout=240) as up:
+        port, admin_port = up.port, up_ports(up.output)[0]
         assert "with llama.cpp" in up.output, up.output
         m = re.search(r"(sk-llmgw-[A-Za-z0-9_-]{40})", up.output)
         assert m, up.output

@@ -73,6 +73,15 @@ class Server:
         return resp.status, out_headers, doc
 
 
+def up_ports(output: str) -> tuple[int, int]:
+    """The admin port and the agent port that `llmgw up` names in its output (a port of 0 is
+    the one picked; the gateway's is in its ready line, `Proc.port`)."""
+    m = re.search(r"control plane at http://127\.0\.0\.1:(\d+) .*agent port 127\.0\.0\.1:(\d+)",
+                  output)
+    assert m, f"`llmgw up` named no admin and agent port:\n{output}"
+    return int(m.group(1)), int(m.group(2))
+
+
 def start_server(tmp_path: Path, store: str | None = None, *extra: str,
                  port: int | None = None, config: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None) -> Server:

@@ -33,6 +33,7 @@ import argparse
 import atexit
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -43,6 +44,7 @@ from typing import IO, Any
 import yaml
 
 from llmgw.config import ConfigError, url_host
+from llmgw.net.serving import bind_port
 
 from .gateway import serve
 
@@ -67,11 +69,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--host", default=None,
         help="address of the gateway (default gateway.host of --config, else 127.0.0.1)")
     add("--port", type=int, default=None,
-        help="port of the gateway (default gateway.port of --config, else 8080)")
+        help="port of the gateway (default gateway.port of --config, else 8080; 0: a free one)")
     add("--admin-port", type=int, default=8081,
-        help="port of the control plane's admin API, on 127.0.0.1 (default 8081)")
+        help="port of the control plane's admin API, on 127.0.0.1 (default 8081; 0: a free one)")
     add("--agent-port", type=int, default=8082,
-        help="port of the control plane's agent service, on 127.0.0.1 (default 8082)")
+        help="port of the control plane's agent service, on 127.0.0.1 (default 8082; 0: a free one)")
     add("--data-dir", type=Path, default=None,
         help=f"secret, admin token and SQLite store (default {default_data_dir()})")
     add("--engine", choices=("llamacpp", "sim"), default=None,
@@ -133,8 +135,9 @@ def write_server_yaml(data_dir: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-def _child(args: list[str], ready: str, what: str) -> subprocess.Popen[str]:
-    """Starts a child, waits for its ready line; raises SystemExit with a sentence when it fails."""
+def _child(args: list[str], ready: str, what: str) -> tuple[subprocess.Popen[str], str]:
+    """Starts a child, waits for its ready line, and returns it with that line; raises
+    SystemExit with a sentence when it fails."""
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     atexit.register(proc.terminate)
     assert proc.stdout is not None
@@ -143,7 +146,7 @@ def _child(args: list[str], ready: str, what: str) -> subprocess.Popen[str]:
         if ready in line:
             # Keep draining: a child blocked on a full pipe would stop serving.
             threading.Thread(target=_echo, args=(proc.stdout,), daemon=True).start()
-            return proc
+            return proc, line
         seen.append(line.rstrip())
     tail = "\n  ".join(seen[-5:]) or "(nothing)"
     raise SystemExit(f"error: {what} did not start; it said:\n  {tail}")
@@ -211,6 +214,16 @@ def watch_ready(admin_url: str, data_dir: Path, model: str, base_url: str, timeo
         time.sleep(0.1)
 
 
+def announced(ready: str, agent_port: int) -> tuple[str, int]:
+    """The admin URL and the agent port that `llmgw server`'s ready line names (`agent_port`
+    where it names none)."""
+    admin = re.search(r"https?://\S+?:\d+", ready)
+    agent = re.search(r"agents connect on \S+:(\d+)", ready)
+    if admin is None:
+        raise SystemExit(f"error: the control plane's ready line names no address: {ready!r}")
+    return admin.group(0), int(agent.group(1)) if agent else agent_port
+
+
 def _stop(children: list[subprocess.Popen[str]]) -> None:
     """Stops the agent first (it stops its engines), then the control plane."""
     for child in children:
@@ -248,26 +261,36 @@ def run(args: argparse.Namespace) -> int:
     data_dir = (args.data_dir or default_data_dir()).expanduser().absolute()
     admin_url = f"http://127.0.0.1:{args.admin_port}"
     host = args.host or gateway_given.host
-    port = gateway_given.port if args.port is None else args.port
+    # The gateway is served by this process: port 0 is picked and held here (`bind_port`).
+    port = bind_port(host, gateway_given.port if args.port is None else args.port)
     base_url = f"http://{url_host(host)}:{port}/v1"
-    wiring = {"host": host, "port": port,
-              "control_plane": {"url": admin_url, "data_dir": str(data_dir)}}
-    config = write_server_yaml(data_dir, up_document(
-        given, args.agent_port, wiring, model_entry(engine, model, args.ttft_ms, args.itl_ms)))
+
+    def document(admin_url: str, agent_port: int) -> dict[str, Any]:
+        wiring = {"host": host, "port": port,
+                  "control_plane": {"url": admin_url, "data_dir": str(data_dir)}}
+        return up_document(given, agent_port, wiring,
+                           model_entry(engine, model, args.ttft_ms, args.itl_ms))
+
+    config = write_server_yaml(data_dir, document(admin_url, args.agent_port))
     try:  # what the control plane reads too: a flag that breaks it is said here, once
         cfg = load_server_file(config).gateway
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     me = [sys.executable, "-m", "llmgw.cli.main"]
-    server = _child([*me, "server", "--data-dir", str(data_dir), "--port", str(args.admin_port),
-                     "--config", str(config)],
-                    "llmgw control plane listening on", "the control plane (llmgw server)")
+    server, ready = _child([*me, "server", "--data-dir", str(data_dir), "--port",
+                            str(args.admin_port), "--config", str(config)],
+                           "llmgw control plane listening on", "the control plane (llmgw server)")
     children = [server]
     try:
-        agent = _child([*me, "agent", "--control-plane", f"127.0.0.1:{args.agent_port}", "--insecure",
-                        "--engine-host", "127.0.0.1"],
-                       AGENT_READY, "the local agent (llmgw agent)")
+        # A port of 0 is the one the control plane picked, as its ready line names it.
+        admin_url, agent_port = announced(ready, args.agent_port)
+        if (admin_url, agent_port) != (f"http://127.0.0.1:{args.admin_port}", args.agent_port):
+            config = write_server_yaml(data_dir, document(admin_url, agent_port))
+            cfg = load_server_file(config).gateway
+        agent, _ = _child([*me, "agent", "--control-plane", f"127.0.0.1:{agent_port}",
+                           "--insecure", "--engine-host", "127.0.0.1"],
+                          AGENT_READY, "the local agent (llmgw agent)")
         children.insert(0, agent)
         key = _bootstrap(admin_url, data_dir)
     except BaseException:
@@ -278,8 +301,8 @@ def run(args: argparse.Namespace) -> int:
                 "on the CPU with llama.cpp")
     else:
         what = f"{model!r} is served by the engine SIMULATOR (made-up text, not a real model)"
-    print(f"llmgw up: control plane at {admin_url} (data in {data_dir}), a local agent, and {what}",
-          flush=True)
+    print(f"llmgw up: control plane at {admin_url} (data in {data_dir}), a local agent on its "
+          f"agent port 127.0.0.1:{agent_port}, and {what}", flush=True)
     if key is not None:
         print(f"llmgw up: created project {DEFAULT_PATH} and its first API key (shown once, keep it):\n"
               f"    {key}", flush=True)
