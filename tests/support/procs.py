@@ -4,9 +4,11 @@
 until a line of its merged stdout/stderr contains `ready_line`, and returns a
 `Proc`. Leaving the `with` block (or calling `kill()`) stops the whole group,
 so server workers forked by the child (granian) go too. llmgw's servers are started on
-`--port 0` and report the port they bound in that line; `free_port` is left for the ports
-a process is told rather than asked for (an agent's engine port range, the control plane's
-agent port, KV event endpoints) and for the bench (bench/procs.py, with the same `spawn`).
+port 0 (`--port 0`, the control plane's `agent_port: 0`, the simulator's KV endpoints on
+`tcp://127.0.0.1:*`, `llmgw up`'s three ports) and report the ports they bound; `free_port`
+is left for an agent's `--port-range`, the ports it hands its engines (an engine is told its
+port, as vLLM is, and the agent skips one that is taken), and for the bench (bench/procs.py,
+with the same `spawn`).
 
 `wait_for` (and `wait_for_async` in an event loop), `killpg` and `chat` are the one poll,
 kill and chat-completion helpers of the tests: a test waits on the condition it needs,
@@ -55,6 +57,9 @@ def _ephemeral_low() -> int:
 
 def free_port(span: int = 1) -> int:
     """The first of `span` consecutive TCP ports on 127.0.0.1 that were free a moment ago.
+
+    For an agent's engine port range, which is a range of ports by design; a server a test
+    starts binds port 0 and names its port instead (the module's docstring).
 
     Chosen below the kernel's ephemeral range, never from it: there any client connection
     of any process may take the port as its local one between this check and the server's
