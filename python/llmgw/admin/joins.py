@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from llmgw.control.pki import Authority, PkiError
 from llmgw.config.units import format_duration
+from llmgw.control.pki import Authority, PkiError
 from llmgw.store import joins
 from llmgw.store.joins import JoinToken
 

@@ -49,7 +49,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--key", default=None, help="the node's private key (PEM)")
     add("--ca", default=None, help="the cluster CA certificate (PEM)")
     add("--heartbeat-interval", type=float, default=_A.heartbeat_interval_s,
-        help=f"seconds between heartbeats until the control plane sets it (default {_A.heartbeat_interval_s:g})")  # fmt: skip
+        help="seconds between heartbeats until the control plane sets it "
+             f"(default {_A.heartbeat_interval_s:g})")  # fmt: skip
 
 
 def _node_id(given: str | None) -> str:
@@ -68,7 +69,8 @@ def _port_range(text: str) -> tuple[int, int]:
     except ValueError:
         lo = hi = 0
     if not sep or not 0 < lo <= hi < 65536:
-        raise AgentConfigError(f"--port-range {text!r} is not LOW-HIGH with 1 <= LOW <= HIGH <= 65535, e.g. 20000-20999.")
+        raise AgentConfigError(f"--port-range {text!r} is not LOW-HIGH with 1 <= LOW <= HIGH <= 65535, "
+                               "e.g. 20000-20999.")
     return lo, hi
 
 

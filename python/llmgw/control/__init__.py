@@ -1,1 +1,2 @@
-"""The control plane: its process and state, the catalog, inventory, placement and the reconciler; imports nothing from gateway/."""
+"""The control plane: its process and state, the catalog, inventory, placement and the
+reconciler; imports nothing from gateway/."""

@@ -9,6 +9,7 @@ worker within one round trip of the change.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -74,10 +75,8 @@ class SnapshotPublisher:
         if self.current is not None and self.current.version != after:
             return self.encoded
         event = self._changed
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
         return self.encoded if self.current is not None else None
 
     def poke(self) -> None:

@@ -16,6 +16,7 @@ step; a simulated request is one step's worth of cache changes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -137,10 +138,9 @@ class ZmqPublisher:
         seq = self._seq
         self._seq += 1
         self._buffer.append((seq, payload))
-        try:
+        # past the high-water mark vLLM drops too; subscribers see a gap
+        with contextlib.suppress(zmq.Again):
             self._pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # past the high-water mark vLLM drops too; subscribers see a gap
 
     def forget(self, below: int) -> None:
         """Drops buffered batches with seq < below (tests: make replay impossible)."""
