@@ -183,9 +183,12 @@ def test_query_parameters_are_checked(client: Client) -> None:
     ok = client("GET", "/api/v1/things/a/parts/b?limit=5&ratio=0.5&on=true")
     assert ok[0] == 200 and ok[1]["query"] == {"limit": "5", "ratio": "0.5", "on": "true"}
     status, body, _ = client("GET", "/api/v1/things/a/parts/b?limit=99999999999999999999")
-    assert (status, body["error"]["message"]) == snapshot((400, "the query parameter 'limit' must be a whole number, not '99999999999999999999'"))
+    assert (status, body["error"]["message"]) == snapshot((
+        400, "the query parameter 'limit' must be a whole number, not '99999999999999999999'"))
     status, body, _ = client("GET", "/api/v1/things/a/parts/b?lmit=5")
-    assert (status, body["error"]["message"]) == snapshot((400, "GET /api/v1/things/{name}/parts/{part} has no query parameter 'lmit'; it takes: limit, need, on, ratio"))
+    assert (status, body["error"]["message"]) == snapshot((
+        400, "GET /api/v1/things/{name}/parts/{part} has no query parameter 'lmit'; it takes: limit, need, "
+             "on, ratio"))
     assert client("GET", "/api/v1/things/a/parts/b?ratio=nan")[0] == 400
     assert client("GET", "/api/v1/things/a/parts/b?on=maybe")[0] == 400
 
@@ -193,7 +196,10 @@ def test_query_parameters_are_checked(client: Client) -> None:
 def test_bodies_are_decoded_with_the_field_path(client: Client) -> None:
     assert client("POST", "/api/v1/things", b'{"name": "a", "size": 2}')[:2] == (201, {"name": "a", "size": 2})
     status, body, _ = client("POST", "/api/v1/things", b'{"name": "a", "size": "big"}')
-    assert (status, body) == snapshot((400, {"error": {"message": "the request body is invalid: Expected `int`, got `str` - at `$.size`; GET /api/v1/openapi.json shows its schema", "type": "invalid_request_error", "param": "size", "code": "admin.invalid_body"}}))
+    assert (status, body) == snapshot((400, {"error": {
+        "message": "the request body is invalid: Expected `int`, got `str` - at `$.size`; "
+                   "GET /api/v1/openapi.json shows its schema",
+        "type": "invalid_request_error", "param": "size", "code": "admin.invalid_body"}}))
     status, body, _ = client("POST", "/api/v1/things", b"{not json")
     assert status == 400 and body["error"]["code"] == "admin.invalid_json"
     status, body, _ = client("POST", "/api/v1/things", b"")

@@ -63,7 +63,10 @@ def test_the_openapi_document_lists_every_route(server: Server) -> None:
 
 def test_tokens_are_required_and_never_echoed(server: Server) -> None:
     status, _, body = server.call("GET", "/api/v1/openapi.json", token=None)
-    assert (status, body) == snapshot((401, {"error": {"message": "this route needs a bearer token: send `Authorization: Bearer <admin token>`; the admin token is in DATA/admin-token on the control plane's machine", "type": "authentication_error", "param": None, "code": "auth.missing_token"}}))
+    assert (status, body) == snapshot((401, {"error": {
+        "message": "this route needs a bearer token: send `Authorization: Bearer <admin token>`; "
+                   "the admin token is in DATA/admin-token on the control plane's machine",
+        "type": "authentication_error", "param": None, "code": "auth.missing_token"}}))
     wrong = "llmgw-admin-wrong' OR '1'='1"
     status, _, body = server.call("GET", "/api/v1/openapi.json", token=wrong)
     assert status == 401 and body["error"]["code"] == "auth.bad_token"
@@ -87,7 +90,10 @@ def test_query_string_credentials_are_refused(server: Server) -> None:
         assert status == 400 and body["error"]["code"] == "auth.credentials_in_query"
         assert "sk-llmgw-abc" not in body["error"]["message"]
     status, _, body = server.call("GET", "/api/v1/openapi.json?api_key=x")
-    assert (status, body["error"]["message"]) == snapshot((400, "the query parameter 'api_key' looks like a credential, and credentials go in the Authorization header (Authorization: Bearer <token>), never in a URL, which proxies and logs keep; remove it"))
+    assert (status, body["error"]["message"]) == snapshot((
+        400, "the query parameter 'api_key' looks like a credential, and credentials go in the "
+             "Authorization header (Authorization: Bearer <token>), never in a URL, which proxies and "
+             "logs keep; remove it"))
 
 
 def test_sql_in_headers_and_query_is_a_4xx_with_a_message(server: Server) -> None:
@@ -122,7 +128,9 @@ def test_a_token_readable_by_others_stops_the_start(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "llmgw", "server", "--data-dir", str(srv.data_dir),
                           "--port", "1"], capture_output=True, text=True, timeout=30, check=False)
     text = out.stderr.replace(str(srv.data_dir), "DATA")
-    assert (out.returncode, text) == snapshot((2, "error: DATA/admin-token is readable by group or others (mode 0644) and holds a secret; run `chmod 600 DATA/admin-token` and start again\n"))
+    assert (out.returncode, text) == snapshot((
+        2, "error: DATA/admin-token is readable by group or others (mode 0644) and holds a secret; "
+           "run `chmod 600 DATA/admin-token` and start again\n"))
 
 
 def _policies(pid: int) -> set[int]:

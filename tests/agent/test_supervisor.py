@@ -107,7 +107,8 @@ async def test_crash_restarts_with_exponential_backoff_then_parks() -> None:
     assert backoffs == [f"the engine exited with code 3; restarting in {d}s" for d in ("1", "2", "4", "4")]
     assert info.restarts == 4 and info.port == 0
     assert info.reason == ("the engine failed 5 times within 600s, so it is parked and not restarted; "
-                           "the last time it exited with code 3; its last output line: 'engine 1004 crashed'")  # fmt: skip
+                           "the last time it exited with code 3; "
+                           "its last output line: 'engine 1004 crashed'")  # fmt: skip
     assert (sup.logs("r1") or [])[-1] == "engine 1004 crashed"
     assert sup.logs("r1", 2) == ["engine 1004 starting", "engine 1004 crashed"]
 

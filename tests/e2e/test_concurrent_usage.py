@@ -72,7 +72,8 @@ def test_300_concurrent_calls_make_exactly_300_records(cluster: Cluster) -> None
     with ThreadPoolExecutor(N) as pool:
         answers = list(pool.map(call, range(N)))
     statuses = [s for s, _, _ in answers]
-    assert statuses == [200] * N, ({s: statuses.count(s) for s in set(statuses)}, [a for s, a, _ in answers if s != 200][:2])
+    assert statuses == [200] * N, ({s: statuses.count(s) for s in set(statuses)},
+                                   [a for s, a, _ in answers if s != 200][:2])
     assert len({rid for _, _, rid in answers} | set(warmed)) == N + warm, "every request has its own id"
     prompt = sum(a["usage"]["prompt_tokens"] for _, a, _ in answers)
     completion = sum(a["usage"]["completion_tokens"] for _, a, _ in answers)
@@ -86,7 +87,8 @@ def test_300_concurrent_calls_make_exactly_300_records(cluster: Cluster) -> None
     assert len(rows) == 1
     assert (rows[0]["requests"], rows[0]["errors"]) == (N + warm, 0), rows
     warm_prompt = sum(cluster.call("GET", f"/api/v1/requests/{rid}")["prompt_tokens"] for rid in warmed)
-    assert (rows[0]["prompt_tokens"], rows[0]["completion_tokens"]) == (prompt + warm_prompt, completion + 7 * warm), rows
+    assert (rows[0]["prompt_tokens"], rows[0]["completion_tokens"]) == (prompt + warm_prompt,
+                                                                        completion + 7 * warm), rows
     for _, _, rid in answers[::7]:  # a sample of the records: each final, once
         record = cluster.call("GET", f"/api/v1/requests/{rid}")
         assert record["state"] == "final", record

@@ -22,7 +22,7 @@ UP_READY = "llmgw up: ready"
 def _final_stage(dockerfile: str) -> list[tuple[str, str]]:
     """(instruction, arguments) of the last stage, continuation lines joined."""
     text = dockerfile.replace("\\\n", " ")
-    steps = [(ln.split(None, 1) + [""])[:2] for ln in text.splitlines()
+    steps = [[*ln.split(None, 1), ""][:2] for ln in text.splitlines()
              if ln.strip() and not ln.lstrip().startswith("#")]
     last_from = max(i for i, (op, _) in enumerate(steps) if op.upper() == "FROM")
     return [(op.upper(), arg.strip()) for op, arg in steps[last_from:]]

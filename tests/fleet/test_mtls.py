@@ -60,7 +60,8 @@ class Cluster:
         low = free_port(6)
         proc = start_process(
             [sys.executable, "-m", "llmgw", "agent", "--control-plane", self.target,
-             "--join-port", str(self.join_port), "--join-token", token, "--state-dir", str(self.tmp / node_id), "--node-id", node_id,
+             "--join-port", str(self.join_port), "--join-token", token,
+             "--state-dir", str(self.tmp / node_id), "--node-id", node_id,
              "--fake-gpus", "1xH100-80GB", "--port-range", f"{low}-{low + 5}",
              "--engine-host", "127.0.0.1", "--heartbeat-interval", "0.25"], AGENT_READY,
             timeout=30, env=sim_env())

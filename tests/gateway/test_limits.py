@@ -25,7 +25,8 @@ def _sim_requests(sim: Proc) -> float:
     return metric_value(http_get(sim.url + "/metrics"), "vllm:request_success_total")
 
 
-def _burst(gw: Gateway, key: str, n: int, threads: int, body: dict[str, Any] | None = None) -> list[tuple[int, dict[str, str], Any]]:
+def _burst(gw: Gateway, key: str, n: int, threads: int,
+           body: dict[str, Any] | None = None) -> list[tuple[int, dict[str, str], Any]]:
     with ThreadPoolExecutor(threads) as pool:
         return list(pool.map(lambda _: chat(gw, key, body), range(n)))
 

@@ -147,7 +147,7 @@ class World:
                 g.gave_up = False
             assert g.in_use <= g.slots_held or g.gave_up
         assert sum(min(g.in_use, g.slots_held) for g in self.gws if g.alive) <= CONC
-        assert 0 <= auth.in_flight(SCOPE)
+        assert auth.in_flight(SCOPE) >= 0
         live_held = sum(g.slots_held for g in self.gws if g.alive)
         assert live_held <= CONC or auth.in_flight(SCOPE) <= CONC
         # tpm: tokens of requests that ended in the last minute, beyond what was counted,

@@ -55,7 +55,8 @@ def test_a_client_that_stops_reading_is_cut_and_its_engine_request_cancelled(
             assert sock.recv(64).startswith(b"HTTP/1.1 200")  # and then nothing more is read
             t0 = time.monotonic()
             while _aborted(sim.url) < 1:
-                assert time.monotonic() - t0 < 30, f"the engine's request was never cancelled:\n{gw.proc.output[-2000:]}"
+                assert time.monotonic() - t0 < 30, (
+                    f"the engine's request was never cancelled:\n{gw.proc.output[-2000:]}")
                 time.sleep(0.2)
             waited = time.monotonic() - t0
             grew = _tree_rss_mb(gw.proc.popen.pid) - before

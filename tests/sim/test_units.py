@@ -43,7 +43,7 @@ def test_prefix_cache_hits_whole_leading_blocks() -> None:
     assert cache.query(text(prompt)) == (10, 0)
     assert len(cache) == 2
     assert cache.query(text(prompt)) == (10, 8)
-    assert cache.query(text(prompt[:4] + ["other"] + prompt[5:])) == (10, 4)  # first block only
+    assert cache.query(text([*prompt[:4], "other", *prompt[5:]])) == (10, 4)  # first block only
     assert cache.query(text(words(3))) == (3, 0)  # no full block
     assert (cache.queries, cache.hits) == (10 + 10 + 10 + 3, 12)
 

@@ -122,7 +122,7 @@ def test_bad_urls_say_what_to_do() -> None:
 
     with pytest.raises(StoreError, match="neither sqlite"):
         asyncio.run(connect("mysql://x"))
-    with pytest.raises(StoreError, match="cannot connect to PostgreSQL at postgresql://u:\\*\\*\\*\\*@127.0.0.1:1/x"):
+    with pytest.raises(StoreError, match=r"cannot connect to PostgreSQL at postgresql://u:\*\*\*\*@127.0.0.1:1/x"):
         asyncio.run(connect("postgresql://u:hunter2@127.0.0.1:1/x"))
     assert safe_url("postgresql://u:pw@h/db") == "postgresql://u:****@h/db"
 

@@ -45,7 +45,7 @@ def test_durations(text: str, seconds: float) -> None:
 @pytest.mark.parametrize("text", ["", "7", "d", "-1d", "1.5h", "1 d", "7D", "0h", "1y",
                                   "1d; DROP TABLE audit", "9" * 50 + "d"])
 def test_bad_durations_say_what_is_accepted(text: str) -> None:
-    with pytest.raises(ValueError, match="is not a duration|is zero"):
+    with pytest.raises(ValueError, match=r"is not a duration|is zero"):
         parse_duration(text)
 
 

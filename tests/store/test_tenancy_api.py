@@ -127,22 +127,30 @@ def test_error_answers(store_url: str) -> None:
             "bad name in path": (
                 400,
                 "tenancy.bad_name",
-                "'..%2e' is not a valid organization name: a name is 1 to 63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit, without '..'; pick another, like 'ml-research'",
+                "'..%2e' is not a valid organization name: a name is 1 to 63 lowercase letters, "
+                "digits, '.', '_' or '-', starting and ending with a letter or digit, without "
+                "'..'; pick another, like 'ml-research'",
             ),
             "upper case": (
                 400,
                 "tenancy.bad_name",
-                "'Acme' is not a valid organization name: a name is 1 to 63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit, without '..'; pick another, like 'ml-research'",
+                "'Acme' is not a valid organization name: a name is 1 to 63 lowercase letters, "
+                "digits, '.', '_' or '-', starting and ending with a letter or digit, without "
+                "'..'; pick another, like 'ml-research'",
             ),
             "id-shaped name": (
                 400,
                 "tenancy.bad_name",
-                "'org_abcdefghijklmnop' is not a valid organization name: a name is 1 to 63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit, without '..' and not shaped like an ID; pick another, like 'ml-research'",
+                "'org_abcdefghijklmnop' is not a valid organization name: a name is 1 to 63 "
+                "lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or "
+                "digit, without '..' and not shaped like an ID; pick another, like 'ml-research'",
             ),
             "dots": (
                 400,
                 "tenancy.bad_name",
-                "'a..b' is not a valid organization name: a name is 1 to 63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit, without '..'; pick another, like 'ml-research'",
+                "'a..b' is not a valid organization name: a name is 1 to 63 lowercase letters, "
+                "digits, '.', '_' or '-', starting and ending with a letter or digit, without "
+                "'..'; pick another, like 'ml-research'",
             ),
             "team path too short": (
                 400,
@@ -182,7 +190,8 @@ def test_error_answers(store_url: str) -> None:
             "bad scope": (
                 400,
                 "tenancy.bad_scope",
-                "'galaxy:acme' is not a scope; write org:ORG, team:ORG/TEAM, project:ORG/TEAM/PROJECT or an org, team or project ID",
+                "'galaxy:acme' is not a scope; write org:ORG, team:ORG/TEAM, "
+                "project:ORG/TEAM/PROJECT or an org, team or project ID",
             ),
             "missing user": (
                 404,
@@ -197,12 +206,15 @@ def test_error_answers(store_url: str) -> None:
             "not a member": (
                 404,
                 "members.not_found",
-                "user 'alice' is not a member at org:acme; list that scope's members with `llmgw ctl members list --in acme`",
+                "user 'alice' is not a member at org:acme; list that scope's members with "
+                "`llmgw ctl members list --in acme`",
             ),
             "bad email": (
                 400,
                 "request.bad_body",
-                "Expected `str` matching regex '^[^@\\\\s\\\\x00-\\\\x1f\\\\x7f]{1,64}@[^@\\\\s\\\\x00-\\\\x1f\\\\x7f]{1,190}$' - at `$.email`",
+                "Expected `str` matching regex "
+                "'^[^@\\\\s\\\\x00-\\\\x1f\\\\x7f]{1,64}@[^@\\\\s\\\\x00-\\\\x1f\\\\x7f]{1,190}$' "
+                "- at `$.email`",
             ),
             "zero ttl": (
                 400,
@@ -294,17 +306,20 @@ def test_keys_through_handlers(store_url: str) -> None:
             "ttl above gateway": (
                 400,
                 "keys.ttl_too_long",
-                "a ttl of 8d is longer than the gateway's max_key_ttl allows (7d); ask for 7d or less, or leave ttl out to get the longest allowed",
+                "a ttl of 8d is longer than the gateway's max_key_ttl allows (7d); ask for 7d or "
+                "less, or leave ttl out to get the longest allowed",
             ),
             "ttl above org": (
                 400,
                 "keys.ttl_too_long",
-                "a ttl of 31d is longer than the organization 'acme' allows (30d); ask for 30d or less, or leave ttl out to get the longest allowed",
+                "a ttl of 31d is longer than the organization 'acme' allows (30d); ask for 30d or "
+                "less, or leave ttl out to get the longest allowed",
             ),
             "not a member": (
                 403,
                 "keys.user_not_member",
-                "user 'alice' is not a member of project 'acme/ml/chat' or of the team or org above it; add them first (llmgw ctl members add)",
+                "user 'alice' is not a member of project 'acme/ml/chat' or of the team or org "
+                "above it; add them first (llmgw ctl members add)",
             ),
             "missing project": (
                 404,
@@ -324,12 +339,14 @@ def test_keys_through_handlers(store_url: str) -> None:
             "key in url": (
                 400,
                 "keys.key_in_url",
-                "project holds an API key; keys never go in URLs (they end up in logs): revoke this key, and name keys by their ID (key_...)",
+                "project holds an API key; keys never go in URLs (they end up in logs): revoke "
+                "this key, and name keys by their ID (key_...)",
             ),
             "key as id": (
                 400,
                 "keys.key_in_url",
-                "id holds an API key; keys never go in URLs (they end up in logs): revoke this key, and name keys by their ID (key_...)",
+                "id holds an API key; keys never go in URLs (they end up in logs): revoke this "
+                "key, and name keys by their ID (key_...)",
             ),
             "bad revoked flag": (
                 400,
@@ -344,7 +361,8 @@ def test_keys_through_handlers(store_url: str) -> None:
             "audit bad since": (
                 400,
                 "audit.bad_time",
-                "since='1 OR 1=1' is neither a duration back from now (90m, 24h, 7d) nor a date (2026-11-01) nor an RFC 3339 time (2026-11-01T08:00:00Z); give one of those.",
+                "since='1 OR 1=1' is neither a duration back from now (90m, 24h, 7d) nor a date "
+                "(2026-11-01) nor an RFC 3339 time (2026-11-01T08:00:00Z); give one of those.",
             ),
         }
     )

@@ -74,10 +74,8 @@ def _expected(
                 else:
                     opened_at.setdefault(i, step)
         else:
-            if kind == "settle":
-                dead = {arg}
-            else:  # stale: gateways whose last batch is more than `arg` steps ago
-                dead = {g for g, t in last_seen.items() if step - t > arg}
+            # settle: gateway `arg`; stale: gateways whose last batch is more than `arg` steps ago
+            dead = {arg} if kind == "settle" else {g for g, t in last_seen.items() if step - t > arg}
             settled_after_open |= {i for i in opened_at if i % 2 in dead}
     out: dict[tuple[Any, ...], list[int]] = {}
     for i in range(N):

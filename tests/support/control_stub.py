@@ -111,7 +111,8 @@ class State:
 class ControlStub:
     """The stand-in server; `url`, `data_dir`, and helpers to make keys and snapshots."""
 
-    def __init__(self, data_dir: Path, used_tokens: Callable[[str, float], Coroutine[Any, Any, int]] | None = None) -> None:
+    def __init__(self, data_dir: Path,
+                 used_tokens: Callable[[str, float], Coroutine[Any, Any, int]] | None = None) -> None:
         self.data_dir = data_dir
         self.secret = os.urandom(32)
         (data_dir / "secret").write_text(self.secret.hex() + "\n")  # as `llmgw server` writes it

@@ -4,6 +4,7 @@ PostgreSQL that fail over (`Pair`); keys issued and keyed traffic sent through a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -167,10 +168,8 @@ class Pair:
         pids: set[int] = set()
         for srv in self.servers:
             if srv.proc.popen.poll() is None:
-                try:
+                with contextlib.suppress(AssertionError, OSError):
                     pids |= {r["pid"] for r in get(srv, "/api/v1/replicas?all=true") if r["pid"]}
-                except (AssertionError, OSError):
-                    pass
         for a in self.agents.values():
             a.terminate()
         for pid in pids:

@@ -75,6 +75,7 @@ def request(url: str, body: Any, key: str | None = None, headers: dict[str, str]
         return status, hdrs, raw.decode()
 
 
-def chat(gw: Gateway, key: str | None, body: dict[str, Any] | None = None, **kw: Any) -> tuple[int, dict[str, str], Any]:
+def chat(gw: Gateway, key: str | None, body: dict[str, Any] | None = None,
+         **kw: Any) -> tuple[int, dict[str, str], Any]:
     """POST /v1/chat/completions."""
     return request(gw.base_url + "/chat/completions", body or CHAT, key, **kw)

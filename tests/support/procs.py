@@ -129,19 +129,15 @@ class Proc:
         return "\n".join(self.lines)
 
     def _signal(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, sig)  # the group id is the child's pid (own session)
-        except ProcessLookupError:
-            pass
 
     def terminate(self, timeout: float = 10) -> int:
         """SIGTERM the process group, wait, and SIGKILL it if it lingers."""
         if self.popen.poll() is None:
             self._signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         return self.kill()
 
     def kill(self) -> int:
@@ -243,10 +239,8 @@ async def wait_for_async(what: str, fn: Callable[[], T | None], timeout: float =
 
 def killpg(pid: int) -> None:
     """SIGKILL a process group (an engine, an agent); nothing if it is gone."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def chat(url: str, key: str | None, model: str = "sim-model") -> int:

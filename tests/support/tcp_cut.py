@@ -8,6 +8,7 @@ machine's server (shared by every test) is never stopped.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from types import TracebackType
@@ -43,16 +44,12 @@ class TcpCut:
         if listener is not None:
             listener.close()
         for s in conns:
-            try:
+            with contextlib.suppress(OSError):
                 # SO_LINGER 0: close sends RST, as a vanished peer's host would answer.
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                 s.shutdown(socket.SHUT_RDWR)  # wakes the pumps blocked in recv
-            except OSError:
-                pass
-            try:
+            with contextlib.suppress(OSError):
                 s.close()
-            except OSError:
-                pass
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -82,10 +79,8 @@ class TcpCut:
         except OSError:
             pass
         for s in (src, dst):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             s.close()
         with self._lock:
             self._open -= {src, dst}

@@ -50,7 +50,7 @@ def dirs() -> list[Path]:
 def test_encode_matches_python_tokenizers(model_dir: Path) -> None:
     ours = _core.ModelTokenizer.from_dir(str(model_dir))
     ref = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    for text in TEXTS + [" ".join(TEXTS) * 50]:
+    for text in [*TEXTS, " ".join(TEXTS) * 50]:
         for special in (True, False):
             assert ours.encode(text, special) == ref.encode(text, add_special_tokens=special).ids
 
