@@ -42,7 +42,7 @@ async def all_values(db: Database) -> list[str]:
     for table in tables:
         for row in await db.fetch(f"SELECT * FROM {table}"):
             # sqlite3.Row iterates over values, not names: keys() is needed here.
-            out += [str(row[c]) for c in row.keys()]  # noqa: SIM118
+            out += [str(row[c]) for c in row.keys()]  # noqa: SIM118 - a Row iterates over values
     return out
 
 

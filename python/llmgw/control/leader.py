@@ -173,7 +173,7 @@ class Leadership:
             self.leader = await lease.current(self.db)
             if self.leader is not None:
                 self._leader_until = read + self.leader.expires_at - self.leader.now
-        except Exception as e:  # noqa: BLE001 - as above
+        except Exception as e:  # noqa: BLE001 - the store's driver raises more than StoreError
             log.warning("cannot read the leader lease: %s", e)
             self.leader = None
 
