@@ -28,15 +28,15 @@ def test_fake_gpu_uuids_stable_per_node_and_distinct_between_nodes() -> None:
 
 @pytest.mark.parametrize(("spec", "message"), [
     ("4xH100", ("--fake-gpus entry '4xH100' is not understood; the format is COUNTxMODEL-MEMGB, several "
-               "separated by commas, e.g. 4xH100-80GB or 2xA100-40GB,1xL4-24GB.")),
+               "separated by commas, e.g. 4xH100-80GB or 2xA100-40GB,1xL4-24GB")),
     ("", ("--fake-gpus is empty or has an empty entry; the format is COUNTxMODEL-MEMGB, several "
-         "separated by commas, e.g. 4xH100-80GB or 2xA100-40GB,1xL4-24GB.")),
+         "separated by commas, e.g. 4xH100-80GB or 2xA100-40GB,1xL4-24GB")),
     ("1xL4-24GB,", ("--fake-gpus is empty or has an empty entry; the format is COUNTxMODEL-MEMGB, "
-                   "several separated by commas, e.g. 4xH100-80GB or 2xA100-40GB,1xL4-24GB.")),
+                   "several separated by commas, e.g. 4xH100-80GB or 2xA100-40GB,1xL4-24GB")),
     ("0xL4-24GB", ("--fake-gpus entry '0xL4-24GB' needs a count and memory above zero; the format is "
-                  "COUNTxMODEL-MEMGB, several separated by commas, e.g. 4xH100-80GB or 2xA100-40GB,1xL4-24GB.")),
+                  "COUNTxMODEL-MEMGB, several separated by commas, e.g. 4xH100-80GB or 2xA100-40GB,1xL4-24GB")),
     ("2000xH100-80GB", ("--fake-gpus declares more than 1024 GPUs; the format is COUNTxMODEL-MEMGB, "
-                       "several separated by commas, e.g. 4xH100-80GB or 2xA100-40GB,1xL4-24GB.")),
+                       "several separated by commas, e.g. 4xH100-80GB or 2xA100-40GB,1xL4-24GB")),
 ])  # fmt: skip
 def test_bad_fake_gpu_specs_say_the_format(spec: str, message: str) -> None:
     with pytest.raises(FakeGpuSpecError) as info:

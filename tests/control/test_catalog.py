@@ -151,50 +151,50 @@ def test_invalid_models_name_the_field() -> None:
     assert said == snapshot(
         {
             "no profile": (
-                "The models in configuration file /etc/llmgw/server.yaml are invalid: model 'm' has no "
-                "profile; give at least one - at `$.models[0]`."
+                "the models in configuration file /etc/llmgw/server.yaml are invalid: model 'm' has no "
+                "profile; give at least one - at `$.models[0]`"
             ),
             "gpu count": (
-                "The models in configuration file /etc/llmgw/server.yaml are invalid: Expected `int` "
-                ">= 0 - at `$.models[0].profiles[0].gpu_count`."
+                "the models in configuration file /etc/llmgw/server.yaml are invalid: Expected `int` "
+                ">= 0 - at `$.models[0].profiles[0].gpu_count`"
             ),
             "engine": (
-                "The models in configuration file /etc/llmgw/server.yaml are invalid: Invalid enum "
-                "value 'tgi' - at `$.models[0].profiles[0].engine`."
+                "the models in configuration file /etc/llmgw/server.yaml are invalid: Invalid enum "
+                "value 'tgi' - at `$.models[0].profiles[0].engine`"
             ),
             "size": (
-                "The models in configuration file /etc/llmgw/server.yaml are invalid: 'lots' is not a "
+                "the models in configuration file /etc/llmgw/server.yaml are invalid: 'lots' is not a "
                 "size; write bytes, or e.g. 80GiB, 512MiB, 24GB - at "
-                "`$.models[0].profiles[0].gpu_memory`."
+                "`$.models[0].profiles[0].gpu_memory`"
             ),
             "source": (
-                "The models in configuration file /etc/llmgw/server.yaml are invalid: a source names "
-                "exactly one of `path` or `repo` - at `$.models[0].source`."
+                "the models in configuration file /etc/llmgw/server.yaml are invalid: a source names "
+                "exactly one of `path` or `repo` - at `$.models[0].source`"
             ),
             "replicas": (
-                "The models in configuration file /etc/llmgw/server.yaml are invalid: model 'm' has "
-                "max_replicas 2 below min_replicas 3 - at `$.models[0]`."
+                "the models in configuration file /etc/llmgw/server.yaml are invalid: model 'm' has "
+                "max_replicas 2 below min_replicas 3 - at `$.models[0]`"
             ),
             "unknown field": (
-                "The models in configuration file /etc/llmgw/server.yaml are invalid: Object contains "
-                "unknown field `gpus` - at `$.models[0].profiles[0]`."
+                "the models in configuration file /etc/llmgw/server.yaml are invalid: Object contains "
+                "unknown field `gpus` - at `$.models[0].profiles[0]`"
             ),
             "count without class": (
-                "The models in configuration file /etc/llmgw/server.yaml are invalid: profile 'p' "
+                "the models in configuration file /etc/llmgw/server.yaml are invalid: profile 'p' "
                 "names gpu_class H100-80GB with gpu_count 0; drop gpu_class for a CPU profile - at "
-                "`$.models[0].profiles[0]`."
+                "`$.models[0].profiles[0]`"
             ),
             "name": (
-                "The models in configuration file /etc/llmgw/server.yaml are invalid: Expected `str` "
-                "matching regex '^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$' - at `$.models[0].name`."
+                "the models in configuration file /etc/llmgw/server.yaml are invalid: Expected `str` "
+                "matching regex '^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$' - at `$.models[0].name`"
             ),
             "alias taken": (
-                "The models in configuration file /etc/llmgw/server.yaml are invalid: the name 'a' is "
-                "used by both model 'a' and model 'b'; a name or alias must belong to one model."
+                "the models in configuration file /etc/llmgw/server.yaml are invalid: the name 'a' is "
+                "used by both model 'a' and model 'b'; a name or alias must belong to one model"
             ),
             "not a list": (
-                "The models in configuration file /etc/llmgw/server.yaml are invalid: Expected "
-                "`array`, got `object` - at `$.models`."
+                "the models in configuration file /etc/llmgw/server.yaml are invalid: Expected "
+                "`array`, got `object` - at `$.models`"
             ),
         }
     )

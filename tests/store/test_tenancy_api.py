@@ -362,7 +362,7 @@ def test_keys_through_handlers(store_url: str) -> None:
                 400,
                 "audit.bad_time",
                 "since='1 OR 1=1' is neither a duration back from now (90m, 24h, 7d) nor a date "
-                "(2026-11-01) nor an RFC 3339 time (2026-11-01T08:00:00Z); give one of those.",
+                "(2026-11-01) nor an RFC 3339 time (2026-11-01T08:00:00Z); give one of those",
             ),
         }
     )

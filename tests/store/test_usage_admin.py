@@ -80,7 +80,7 @@ def test_usage_by_scope_fills_paths_and_rejects_bad_input(store_url: str) -> Non
         with pytest.raises(ApiError) as e:
             await get(_req(db, {"by": "region"}))
         assert e.value.message == (
-            "by='region' is not one of org, team, project; give one of those (default team)."
+            "by='region' is not one of org, team, project; give one of those (default team)"
         )
 
     with_db(store_url, body)

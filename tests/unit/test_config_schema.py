@@ -136,7 +136,7 @@ def test_a_struct_s_own_checks_run_once_its_fields_are_sound() -> None:
     dup = "{name: m, source: {repo: o/m}, profiles: [{name: p, engine: sim}]}"
     assert faults(f"models: [{dup}, {dup}]\n") == [
         "$.models: the name 'm' is used by both model 'm' and model 'm'; a name or alias must "
-        "belong to one model."]
+        "belong to one model"]
 
 
 def test_sections_may_be_empty_and_misspelt_ones_are_refused() -> None:

@@ -125,7 +125,7 @@ async def replay(req: Request) -> Raw:
             "requests.no_gateway",
             "the control plane does not know where the gateway is, so it cannot "
             "replay; set gateway_url in server.yaml (e.g. http://127.0.0.1:8080) "
-            "and restart it.",
+            "and restart it",
         )
     kept, key_id = await _kept(req)  # one read of the record: the body and the key
     try:
@@ -136,7 +136,7 @@ async def replay(req: Request) -> Raw:
         raise ApiError(
             409,
             "requests.not_replayable",
-            f"the kept body of request {rid} is not a JSON object, so it cannot be sent again.",
+            f"the kept body of request {rid} is not a JSON object, so it cannot be sent again",
             "id",
         )
     body["model"] = req.body.model
@@ -159,7 +159,7 @@ async def replay(req: Request) -> Raw:
             502,
             "requests.gateway_unreachable",
             f"the gateway at {base} did not answer the replay ({e}); check that it "
-            "runs and that gateway_url in server.yaml points at it.",
+            "runs and that gateway_url in server.yaml points at it",
         ) from None
     # A replay runs as the original key and counts in its usage and budget: who sent it,
     # to which model and with what outcome is kept like any change made here.

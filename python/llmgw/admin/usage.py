@@ -55,7 +55,7 @@ def parse_time(text: str, param: str, *, end: bool = False) -> float:
             400,
             "usage.bad_time",
             f"{param}={_echo(text)!r} is neither a date (2026-11-01) nor an RFC 3339 "
-            "time (2026-11-01T08:00:00Z); give one of those.",
+            "time (2026-11-01T08:00:00Z); give one of those",
             param,
         ) from None
     if t.tzinfo is None:
@@ -70,13 +70,13 @@ def since_time(text: str, now: float, area: str = "usage") -> float:
         try:
             return now - parse_duration(text)
         except ValueError as e:
-            raise ApiError(400, f"{area}.bad_since", f"since: {e}.", "since") from None
+            raise ApiError(400, f"{area}.bad_since", f"since: {e}", "since") from None
     try:
         return parse_time(text, "since")
     except ApiError:
         raise ApiError(400, f"{area}.bad_time", f"since={_echo(text)!r} is neither a duration back from now "
                        "(90m, 24h, 7d) nor a date (2026-11-01) nor an RFC 3339 time (2026-11-01T08:00:00Z); "
-                       "give one of those.", "since") from None
+                       "give one of those", "since") from None
 
 
 def _choice(req: Request, name: str, allowed: tuple[str, ...], default: str, code: str) -> str:
@@ -86,7 +86,7 @@ def _choice(req: Request, name: str, allowed: tuple[str, ...], default: str, cod
             400,
             code,
             f"{name}={_echo(value)!r} is not one of {', '.join(allowed)}; "
-            f"give one of those (default {default}).",
+            f"give one of those (default {default})",
             name,
         )
     return value
@@ -188,7 +188,7 @@ async def _export(req: Request, names: NameResolver | None) -> Raw | list[Export
                 400,
                 "usage.bad_dimension",
                 f"by: {_echo(d)!r} is not a usage dimension; give a comma-separated "
-                f"list of {', '.join(DIMENSIONS)}.",
+                f"list of {', '.join(DIMENSIONS)}",
                 "by",
             )
     start = parse_time(req.query["from"], "from") if req.query.get("from") else month_of(now)
@@ -198,7 +198,7 @@ async def _export(req: Request, names: NameResolver | None) -> Raw | list[Export
             400,
             "usage.bad_range",
             "`to` is not after `from`; give a `from` earlier than `to` (the default "
-            "`from` is the first of this month, UTC).",
+            "`from` is the first of this month, UTC)",
             "to",
         )
     rows = await export(req.db, start, end, period, by)

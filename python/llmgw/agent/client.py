@@ -68,13 +68,13 @@ def is_loopback(target: str) -> bool:
 def check_config(config: AgentConfig) -> None:
     """Raise AgentConfigError unless every control plane can be reached as configured."""
     if not config.control_planes:
-        raise AgentConfigError("no control plane given; pass --control-plane HOST:PORT.")
+        raise AgentConfigError("no control plane given; pass --control-plane HOST:PORT")
     if config.insecure:
         remote = [t for t in config.control_planes if not is_loopback(t)]
         if remote:
             raise AgentConfigError(
                 f"--insecure (plaintext) is allowed only to a control plane on loopback, and "
-                f"{', '.join(remote)} is not; give --cert, --key and --ca for mutual TLS instead."
+                f"{', '.join(remote)} is not; give --cert, --key and --ca for mutual TLS instead"
             )
         return
     missing = [n for n, v in (("--cert", config.cert_file), ("--key", config.key_file),
@@ -82,7 +82,7 @@ def check_config(config: AgentConfig) -> None:
     if missing:
         raise AgentConfigError(
             f"mutual TLS needs {', '.join(missing)}; pass the node's certificate, key and the "
-            f"cluster CA, or --insecure for a control plane on this machine."
+            f"cluster CA, or --insecure for a control plane on this machine"
         )
 
 

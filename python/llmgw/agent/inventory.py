@@ -63,20 +63,20 @@ def parse_fake_gpus(spec: str, node_id: str = "") -> tuple[GpuInfo, ...]:
     """
     parts = [p.strip() for p in spec.split(",")]
     if not spec.strip() or any(not p for p in parts):
-        raise FakeGpuSpecError(f"--fake-gpus is empty or has an empty entry; the format is {FAKE_FORMAT}.")
+        raise FakeGpuSpecError(f"--fake-gpus is empty or has an empty entry; the format is {FAKE_FORMAT}")
     node = hashlib.sha256(node_id.encode()).hexdigest()[:8]
     gpus: list[GpuInfo] = []
     for part in parts:
         m = _FAKE.fullmatch(part)
         if m is None:
             shown = part if len(part) <= 40 else part[:40] + "..."
-            raise FakeGpuSpecError(f"--fake-gpus entry {shown!r} is not understood; the format is {FAKE_FORMAT}.")
+            raise FakeGpuSpecError(f"--fake-gpus entry {shown!r} is not understood; the format is {FAKE_FORMAT}")
         count, mem = int(m["count"]), float(m["mem"])
         if count < 1 or mem <= 0:
             raise FakeGpuSpecError(f"--fake-gpus entry {part!r} needs a count and memory above zero; "
-                                   f"the format is {FAKE_FORMAT}.")
+                                   f"the format is {FAKE_FORMAT}")
         if len(gpus) + count > MAX_FAKE_GPUS:
-            raise FakeGpuSpecError(f"--fake-gpus declares more than {MAX_FAKE_GPUS} GPUs; the format is {FAKE_FORMAT}.")
+            raise FakeGpuSpecError(f"--fake-gpus declares more than {MAX_FAKE_GPUS} GPUs; the format is {FAKE_FORMAT}")
         first = len(gpus)
         uuids = [f"SIM-{node}-{first + i:04d}" for i in range(count)]
         total = int(mem * GIB)

@@ -70,7 +70,7 @@ def _port_range(text: str) -> tuple[int, int]:
         lo = hi = 0
     if not sep or not 0 < lo <= hi < 65536:
         raise AgentConfigError(f"--port-range {text!r} is not LOW-HIGH with 1 <= LOW <= HIGH <= 65535, "
-                               "e.g. 20000-20999.")
+                               "e.g. 20000-20999")
     return lo, hi
 
 
@@ -79,7 +79,7 @@ def _labels(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise AgentConfigError(f"--label {item!r} is not KEY=VALUE.")
+            raise AgentConfigError(f"--label {item!r} is not KEY=VALUE")
         out[key] = value
     return out
 
@@ -96,7 +96,7 @@ def _joined(args: argparse.Namespace, targets: tuple[str, ...],
             raise AgentConfigError(str(e)) from None
         if fresh:
             if not targets:
-                raise AgentConfigError("no control plane given; pass --control-plane HOST:PORT.")
+                raise AgentConfigError("no control plane given; pass --control-plane HOST:PORT")
             # The first control plane that answers; a refusal is final (the token is bad).
             for i, target in enumerate(targets):
                 try:
@@ -104,7 +104,7 @@ def _joined(args: argparse.Namespace, targets: tuple[str, ...],
                     break
                 except JoinError as e:
                     if e.refused or i == len(targets) - 1:
-                        raise AgentConfigError(f"cannot join: {e}.") from None
+                        raise AgentConfigError(f"cannot join: {e}") from None
             print(f"llmgw agent: joined the cluster as node {node_id}; certificate in {state}",
                   flush=True)  # fmt: skip
     found = credentials(state)
@@ -113,7 +113,7 @@ def _joined(args: argparse.Namespace, targets: tuple[str, ...],
             raise AgentConfigError(
                 f"this node has not joined a cluster ({state} holds no certificate); pass "
                 "--join-token from `llmgw ctl nodes join-token`, or --cert, --key and --ca, or "
-                "--insecure for a control plane on this machine.")
+                "--insecure for a control plane on this machine")
         return None, None, None
     return found
 

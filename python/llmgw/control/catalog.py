@@ -194,8 +194,8 @@ class Catalog:
                 other = self._by_name.get(n)
                 if other is not None:
                     raise CatalogError(
-                        f"The name {n!r} is used by both model {other.name!r} and model "
-                        f"{m.name!r}; a name or alias must belong to one model."
+                        f"the name {n!r} is used by both model {other.name!r} and model "
+                        f"{m.name!r}; a name or alias must belong to one model"
                     )
                 self._by_name[n] = m
 
@@ -225,13 +225,13 @@ def load_models(section: object, where: str = "server.yaml") -> Catalog:
     try:
         parsed = msgspec.convert({"models": _with_sizes(section)}, _Section, strict=True)
     except (msgspec.ValidationError, ValueError) as e:
-        raise CatalogError(f"The models in {where} are invalid: {e}.") from e
+        raise CatalogError(f"the models in {where} are invalid: {e}") from e
     try:
         return Catalog(parsed.models)
     except CatalogError as e:
         text = str(e)
         raise CatalogError(
-            f"The models in {where} are invalid: {text[:1].lower()}{text[1:]}"
+            f"the models in {where} are invalid: {text[:1].lower()}{text[1:]}"
         ) from e
 
 

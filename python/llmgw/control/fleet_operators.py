@@ -127,7 +127,7 @@ class FleetOperations(FleetState):
         try:
             Catalog([*self.catalog, m])
         except CatalogError as e:
-            raise Taken("models.name_taken", f"{e} Choose another name or alias.", "name") from e
+            raise Taken("models.name_taken", f"{e}; choose another name or alias", "name") from e
         async with self._lock:
             self.runtime[m.name] = await rows.add_model(self.db, m.name, definition)
             self._rebuild_catalog()
