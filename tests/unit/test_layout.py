@@ -9,15 +9,12 @@ split into capacity, constraints and the policy), not cut at an arbitrary line.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Iterable
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
-import pytest
+from tests.support.tree import ROOT, tracked
 
-ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 800
 SOURCES = ("python", "rust", "tests", "bench")
 GENERATED = ("python/llmgw/v1/*_pb2*.py",)
@@ -33,11 +30,7 @@ def _hand_written(paths: Iterable[str]) -> list[str]:
 
 
 def _tracked() -> list[str]:
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("not a git checkout: the tracked files are not known")
-    out = subprocess.run(["git", "ls-files", "-z", "--", *SOURCES], cwd=ROOT, check=True,
-                         capture_output=True).stdout
-    return [p for p in out.decode().split("\0") if p]
+    return tracked(*SOURCES)
 
 
 def _lines(path: Path) -> int:

@@ -8,13 +8,9 @@ excepted: run records keep the command they ran), and each hit is reported as `p
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.tree import ROOT, tracked
 
 EXCEPT = ("bench/results/",)
 """Path prefixes not searched."""
@@ -34,10 +30,7 @@ numbered issues, and talk of the branch the work was done on."""
 
 def tracked_files() -> list[Path]:
     """Every file git tracks in this checkout that is still on disk, less `EXCEPT`."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("not a git checkout")
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
-    names = [n for n in out.decode().split("\0") if n and not n.startswith(EXCEPT)]
+    names = [n for n in tracked() if not n.startswith(EXCEPT)]
     return [ROOT / n for n in names if (ROOT / n).is_file()]
 
 
